@@ -1,0 +1,38 @@
+"""Constants shared by the reference, the workspace and every kernel backend.
+
+The mailbox layouts and the generation state are part of the protocol: every backend reads and writes
+them the same way, so they live here rather than in any one backend.
+"""
+
+# Three rotating generations: a fast rank may publish call N+1 while a slow one still reads call N,
+# and the slot of call N is re-armed (sentinel refilled) before call N+3 reuses it.
+GENERATIONS = 3
+
+# Lamport sentinel: bf16 negative zero. Contributions are canonicalized (-0.0 -> +0.0) before they
+# are published, so a slot holding this bit pattern has not been written yet.
+SENTINEL_BITS = 0x8000
+SENTINEL_INT16 = -32768
+
+# Generation state: int32 [2] per protocol in device memory, advanced by the kernels.
+# NEXT: the generation the next publish writes. ACTIVE: the generation the current call reads.
+STATE_NEXT = 0
+STATE_ACTIVE = 1
+STATE_WORDS = 2
+
+# Device error word written by a spin loop that gave up (spin_timeout_ms):
+# [flag (1 = timed out), source rank waited for (-1: reduced sum), generation, token].
+ERROR_WORDS = 4
+
+# MXFP8: one UE8M0 scale per 32 values, scales in FlashInfer's swizzled 128x4 tiles.
+MXFP8_BLOCK = 32
+SCALE_TILE_ROWS = 128
+SCALE_TILE_COLS = 4
+
+# Hidden sizes must split into 16-byte (8 x bf16) fragments; MXFP8 needs whole 128-column scale tiles.
+HIDDEN_MULTIPLE = 8
+HIDDEN_MULTIPLE_MXFP8 = MXFP8_BLOCK * SCALE_TILE_COLS
+
+
+def owner_capacity(capacity: int, tp: int) -> int:
+    """Rows one rank owns at most under BT (token t belongs to rank t % tp)."""
+    return -(-capacity // tp)
