@@ -1,0 +1,119 @@
+"""The Triton backend: builds the kernel plan of a spec over a workspace and launches it.
+
+On a GPU the kernels are compiled at construction (``warmup``) with fp fusion off, PDL on sm_90+.
+With ``interpret=True`` the same kernel bodies run under the Triton interpreter on host buffers
+(``ON_GPU=False`` selects the interpreter twins of the PTX helpers): the simulated TP group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support
+from lamport_mhc.workspace import Workspace
+
+from .interpret import launch_interpreted
+from .plan import chunk_width, kernel_plan
+
+MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
+
+
+class TritonBackend:
+    name = "triton"
+
+    def support(self, spec: BuildSpec, device: torch.device) -> Support:
+        if device.type != "cuda":
+            return Support.no("the Triton kernels need a CUDA device (on CPU use lamport_mhc.SimulatedGroup, "
+                              "which interprets them)")
+        if not torch.cuda.is_available():
+            return Support.no("CUDA is not available in this process")
+        capability = torch.cuda.get_device_capability(device)
+        if capability < MIN_CAPABILITY:
+            return Support.no(f"compute capability {capability} is below sm_90 (PDL, multimem)")
+        try:
+            import torch.distributed._symmetric_memory  # noqa: F401
+        except ImportError as error:
+            return Support.no(f"torch symmetric memory is unavailable: {error}")
+        for peer in range(torch.cuda.device_count()):
+            if peer != device.index and spec.tp > 1 and not torch.cuda.can_device_access_peer(device.index, peer):
+                return Support.no(f"GPU {device.index} cannot access GPU {peer} (P2P is required)")
+        return Support.yes()
+
+    def build(self, spec: BuildSpec, workspace: Workspace, interpret: bool = False) -> TritonKernels:
+        return TritonKernels(spec, workspace, interpret)
+
+
+class TritonKernels:
+    def __init__(self, spec: BuildSpec, workspace: Workspace, interpret: bool):
+        self.spec = spec
+        self.workspace = workspace
+        self.interpret = interpret
+        self.plan = kernel_plan(spec, on_gpu=not interpret)
+        device = workspace.ll.local.device
+        # Stand-ins for pointer arguments a specialization never dereferences.
+        self._unused = {dtype: torch.zeros(16, dtype=dtype, device=device)
+                        for dtype in (torch.int16, torch.float32, torch.int32, torch.uint8)}
+        if not interpret:
+            self._compile_all()
+
+    # -- launching -------------------------------------------------------------------------------
+    def _launch(self, name: str, grid, *args):
+        instance = self.plan[name]
+        if self.interpret:
+            launch_interpreted(instance.fn, grid, *args, **instance.constexprs)
+        else:
+            instance.fn[grid](*args, **instance.constexprs, num_warps=instance.num_warps,
+                              enable_fp_fusion=False, launch_pdl=self.spec.use_pdl)
+
+    def _compile_all(self) -> None:
+        """Compile every kernel now, so no call (and no CUDA-graph capture) compiles."""
+        for instance in self.plan.values():
+            args = [self._placeholder(kind) for kind in instance.signature.values()]
+            instance.fn.warmup(*args, grid=(1,), **instance.constexprs, num_warps=instance.num_warps,
+                               enable_fp_fusion=False, launch_pdl=self.spec.use_pdl)
+
+    def _placeholder(self, kind: str):
+        pointers = {"*i16": torch.int16, "*fp32": torch.float32, "*i32": torch.int32, "*u8": torch.uint8}
+        if kind in pointers:
+            return self._unused[pointers[kind]]
+        if kind == "*i64":
+            return self.workspace.ll.peers
+        return {"i64": 1 << 40, "i32": 2, "fp32": 1e-6}[kind]
+
+    def _mailbox(self, protocol: str):
+        return self.workspace.bt if protocol == "bt" else self.workspace.ll
+
+    # -- the Kernels interface ---------------------------------------------------------------------
+    def publish(self, protocol: str, x: torch.Tensor) -> None:
+        mailbox = self._mailbox(protocol)
+        grid = (x.shape[0], self.spec.hidden // chunk_width(self.spec.hidden))
+        self._launch(f"publish_{protocol}", grid, x.view(torch.int16), self._unused[torch.int16],
+                     self._unused[torch.float32], self._unused[torch.int32], self.workspace.state(protocol),
+                     mailbox.peers, mailbox.multicast)
+
+    def finalize_publish(self, protocol: str, gemm2, weights, indices, shared) -> None:
+        mailbox = self._mailbox(protocol)
+        grid = (shared.shape[0], self.spec.hidden // chunk_width(self.spec.hidden))
+        self._launch(f"finalize_publish_{protocol}", grid, shared.view(torch.int16), gemm2.view(torch.int16),
+                     weights, indices, self.workspace.state(protocol), mailbox.peers, mailbox.multicast)
+
+    def owner_reduce(self, m: int) -> None:
+        ws, spec = self.workspace, self.spec
+        grid = (max(1, -(-m // spec.tp)), spec.hidden // chunk_width(spec.hidden))
+        self._launch("owner_reduce_bt", grid, ws.bt.local, ws.bt_sums.peers, ws.bt_sums.multicast,
+                     ws.bt_state, ws.error, m, self.spec.spin_timeout_ns)
+
+    def consume(self, protocol: str, args: ConsumerArgs) -> None:
+        ws = self.workspace
+        m = args.residual.shape[0]
+        source = ws.bt_sums.local if protocol == "bt" else ws.ll.local
+        residual_only = args.variant == "residual"
+        i16, f32, u8 = self._unused[torch.int16], self._unused[torch.float32], self._unused[torch.uint8]
+        self._launch(
+            f"consumer_{protocol}_{args.variant}", (m,), source, args.residual.view(torch.int16), args.post,
+            args.comb, f32 if residual_only else args.pre,
+            i16 if residual_only else args.norm_weight.view(torch.int16), args.residual_out.view(torch.int16),
+            i16 if residual_only else args.layer_input.view(torch.int16),
+            u8 if args.mxfp8_values is None else args.mxfp8_values.view(torch.uint8),
+            u8 if args.mxfp8_scales is None else args.mxfp8_scales, ws.state(protocol), ws.error,
+            float(args.norm_eps), m, self.spec.spin_timeout_ns)

@@ -1,0 +1,81 @@
+"""Device-side pieces of the Lamport protocol shared by the Triton kernels: polling a mailbox slot
+until no lane holds the sentinel (with the optional spin bound), re-arming slots, generations."""
+
+import triton
+import triton.language as tl
+
+from . import ptx
+
+from .numerics import SENTINEL
+
+STATE_NEXT = 0
+STATE_ACTIVE = 1
+GENERATIONS = 3
+# Under the interpreter every publish ran before any consumer, so a slot still empty after this
+# many polls is a protocol bug, reported like a GPU spin timeout instead of hanging the process.
+INTERPRETER_POLLS = 2
+
+
+@triton.jit
+def record_timeout(error_ptr, source, generation, token):
+    """First timed-out poll of a launch wins the error word [flag, source, generation, token]."""
+    if tl.atomic_cas(error_ptr, 0, 1) == 0:
+        tl.store(error_ptr + 1, source)
+        tl.store(error_ptr + 2, generation)
+        tl.store(error_ptr + 3, token)
+
+
+@triton.jit
+def poll(ptrs, mask, timeout_ns, error_ptr, source, generation, token, ON_GPU: tl.constexpr):
+    """Volatile loads of a slot until no lane equals the sentinel. ``timeout_ns > 0`` bounds the wait:
+    on expiry the error word names what was awaited and the (incomplete) values are returned."""
+    values = ptx.load_volatile(ptrs, mask, ON_GPU)
+    pending = tl.max((values == SENTINEL).to(tl.int32), axis=0)
+    start = ptx.global_timer_ns(ON_GPU)
+    polls = 0
+    while pending != 0:
+        values = ptx.load_volatile(ptrs, mask, ON_GPU)
+        pending = tl.max((values == SENTINEL).to(tl.int32), axis=0)
+        polls += 1
+        if ON_GPU:
+            expired = (timeout_ns > 0) & (ptx.global_timer_ns(ON_GPU) - start > timeout_ns)
+        else:
+            expired = polls >= INTERPRETER_POLLS
+        if expired & (pending != 0):
+            record_timeout(error_ptr, source, generation, token)
+            pending = 0
+    return values
+
+
+@triton.jit
+def rearm(ptrs, mask):
+    """Refill consumed slots with the sentinel (Lamport: the data is its own ready flag)."""
+    tl.store(ptrs, tl.full(ptrs.shape, SENTINEL, tl.int16), mask=mask)
+
+
+@triton.jit
+def advance_generation(state_ptr, generation):
+    tl.store(state_ptr + STATE_NEXT, (generation + 1) % GENERATIONS)
+
+
+@triton.jit
+def peer_pointer(table_ptr, rank):
+    """int16 view of the buffer whose address is entry ``rank`` of an int64 address table; buffers
+    are 16-byte aligned, which lets the compiler emit 16-byte stores."""
+    address = tl.load(table_ptr + rank)
+    return tl.multiple_of(address.to(tl.pointer_type(tl.int16)), 16)
+
+
+@triton.jit
+def store_multicast(address, offsets, values, BLOCK: tl.constexpr):
+    """``multimem.st`` of a contiguous run of BLOCK bf16 (as int16) values starting at element
+    ``offsets`` (scalar) of the multicast mapping at ``address``: 16 bytes per store."""
+    half = tl.reshape(values.to(tl.uint16, bitcast=True).to(tl.uint32), (BLOCK // 2, 2))
+    lo, hi = tl.split(half)
+    words = tl.reshape(lo | (hi << 16), (BLOCK // 8, 2, 2))
+    even, odd = tl.split(words)  # words 4i+2j and 4i+2j+1
+    w0, w2 = tl.split(even)
+    w1, w3 = tl.split(odd)
+    byte = address + (offsets + tl.arange(0, BLOCK // 8).to(tl.int64) * 8) * 2
+    ptx.multicast_store_16b(byte, w0.to(tl.int32, bitcast=True), w1.to(tl.int32, bitcast=True),
+                            w2.to(tl.int32, bitcast=True), w3.to(tl.int32, bitcast=True))

@@ -1,0 +1,58 @@
+"""BT owner reduce: each rank sums, for the tokens it owns (t % TP == RANK), every rank's
+contribution in rank order (fp32 from +0, rounded to bf16, -0.0 -> +0.0: the same bits as the LL
+consumer's sum) and stores the sum into every rank's ``sums[gen][t]``. It then advances the BT
+generation and re-arms the contribution slots it read.
+Grid: (max(1, ceil(M / TP)), HIDDEN // BLOCK); at least one program runs so the generation advances
+on a rank that owns no token of a small call.
+"""
+
+import triton
+import triton.language as tl
+
+from . import lamport, ptx
+
+from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
+
+
+@triton.jit
+def owner_reduce_kernel(
+    mailbox_ptr,      # int16 [3][TP][SLOTS][H]: this rank's BT mailbox
+    sums_table_ptr,   # int64 [TP]: every rank's sums buffer [3][CAPACITY][H]
+    sums_multicast_address,  # int64 (MULTICAST)
+    state_ptr,        # int32 [2]: BT [next, active]
+    error_ptr,        # int32 [4]
+    num_tokens,       # M of the call
+    timeout_ns,       # int64, 0 = wait forever
+    HIDDEN: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, SLOTS: tl.constexpr,
+    CAPACITY: tl.constexpr, BLOCK: tl.constexpr, MULTICAST: tl.constexpr,
+    ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    local = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    token = local * TP + RANK
+    h = chunk * BLOCK + tl.arange(0, BLOCK)
+    in_row = h < HIDDEN
+
+    ptx.grid_dependency_wait(USE_PDL, ON_GPU)
+    generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
+    gen = generation.to(tl.int64)
+    if token < num_tokens:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for source in tl.static_range(TP):
+            slot = mailbox_ptr + ((gen * TP + source) * SLOTS + local) * HIDDEN + h
+            values = lamport.poll(slot, in_row, timeout_ns, error_ptr, source, generation, token, ON_GPU)
+            acc = acc + bf16_to_f32(values)
+        reduced = canonical_zero(f32_to_bf16(acc))
+        offset = (gen * CAPACITY + token) * HIDDEN + chunk * BLOCK
+        if MULTICAST:
+            lamport.store_multicast(sums_multicast_address, offset, reduced, BLOCK)
+        else:
+            for peer in tl.static_range(TP):
+                destination = lamport.peer_pointer(sums_table_ptr, peer)
+                tl.store(destination + offset + tl.arange(0, BLOCK), reduced)
+        for source in tl.static_range(TP):
+            lamport.rearm(mailbox_ptr + ((gen * TP + source) * SLOTS + local) * HIDDEN + h, in_row)
+
+    if (local == 0) & (chunk == 0):
+        lamport.advance_generation(state_ptr, generation)
+    ptx.launch_dependents(USE_PDL, ON_GPU)

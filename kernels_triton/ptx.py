@@ -1,0 +1,77 @@
+"""Inline-PTX helpers, each with a twin that the Triton interpreter can run.
+
+Every helper takes ``ON_GPU: tl.constexpr``: True compiles the PTX (the path that ships), False
+selects plain Triton ops that ``TRITON_INTERPRET=1`` executes on host buffers, so the simulated TP
+group runs the same kernel bodies. Nothing outside this module writes inline assembly.
+"""
+
+import triton
+import triton.language as tl
+
+
+
+
+@triton.jit
+def fma_rn(a, b, c, ON_GPU: tl.constexpr):
+    """fp32 a*b+c with one rounding. On GPU ``fma.rn.f32``; the interpreter's ``tl.fma`` rounds
+    twice, so its twin rounds the exact f64 sum to odd and then once to fp32 (exact: 53 >= 24+2)."""
+    if ON_GPU:
+        return tl.fma(a, b, c)
+    else:
+        p = a.to(tl.float64) * b.to(tl.float64)  # exact: 24+24 bits
+        c64 = c.to(tl.float64)
+        s = p + c64
+        # TwoSum: err is the exact rounding error of s.
+        bp = s - c64
+        err = (c64 - (s - bp)) + (p - bp)
+        bits = s.to(tl.int64, bitcast=True)
+        finite = (bits & 0x7FF0000000000000) != 0x7FF0000000000000
+        grow = (err > 0) == (s > 0)
+        odd = tl.where(grow, bits + 1, bits - 1)
+        bits = tl.where(finite & (err != 0) & ((bits & 1) == 0), odd, bits)
+        return bits.to(tl.float64, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def load_volatile(ptr, mask, ON_GPU: tl.constexpr):
+    """Poll load that the compiler may neither cache nor hoist: ``ld.volatile.global`` (16 bytes per
+    8 x bf16 fragment once the pointer is known to be 16-byte aligned)."""
+    return tl.load(ptr, mask=mask, other=0, volatile=True)
+
+
+@triton.jit
+def grid_dependency_wait(USE_PDL: tl.constexpr, ON_GPU: tl.constexpr):
+    """PDL: wait until the preceding kernel of the stream completed and its stores are visible."""
+    if ON_GPU and USE_PDL:
+        tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def launch_dependents(USE_PDL: tl.constexpr, ON_GPU: tl.constexpr):
+    """PDL: let the next kernel of the stream start its prologue (it still waits for our completion)."""
+    if ON_GPU and USE_PDL:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def global_timer_ns(ON_GPU: tl.constexpr):
+    """Nanosecond clock for the optional spin bound; the interpreter counts polls instead (0 here)."""
+    if ON_GPU:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return tl.zeros([], tl.int64)
+
+
+@triton.jit
+def multicast_store_16b(addr, w0, w1, w2, w3):
+    """One ``multimem.st`` of 16 bytes per element of ``addr`` (int64 multicast addresses; the callers
+    pick block sizes that divide the row, so no lane is masked). GPU only: the simulated group has no
+    multicast transport."""
+    tl.inline_asm_elementwise(
+        "multimem.st.relaxed.sys.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0;",
+        "=r,l,r,r,r,r",
+        args=[addr, w0, w1, w2, w3],
+        dtype=tl.int32, is_pure=False, pack=1)

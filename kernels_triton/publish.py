@@ -1,0 +1,71 @@
+"""Publish kernels: a rank's contribution into the Lamport mailboxes of the call's generation.
+
+One kernel source, specialized by constexprs into the four publishes of the protocol:
+- ``FINALIZE``: the contribution is the MoE finalize (top-k weighted sum of permuted GEMM2 rows,
+  ``-1`` rows skipped, plus the shared expert) instead of the given ``x``.
+- ``BT``: each token goes only to its owner rank (t % TP), into ``[gen][RANK][t // TP]``; otherwise
+  (LL) to every rank, into ``[gen][RANK][t]``.
+- ``MULTICAST``: LL stores once to the multicast mapping; otherwise one store per destination
+  through the table of peer addresses.
+Grid: (tokens, HIDDEN // BLOCK); BLOCK divides HIDDEN so every store is a whole 16-byte fragment.
+"""
+
+import triton
+import triton.language as tl
+
+from . import lamport, ptx
+
+from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
+
+
+@triton.jit
+def publish_kernel(
+    x_ptr,            # int16 [M, H]: the contribution, or (FINALIZE) the shared expert output
+    gemm2_ptr,        # int16 [rows, H]  (FINALIZE)
+    weights_ptr,      # fp32 [M, TOP_K]  (FINALIZE)
+    indices_ptr,      # int32 [M, TOP_K] (FINALIZE)
+    state_ptr,        # int32 [2]: this protocol's [next, active]
+    peer_table_ptr,   # int64 [TP]: every rank's mailbox address
+    multicast_address,  # int64: the mailbox's multicast address (LL with MULTICAST)
+    HIDDEN: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, SLOTS: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK: tl.constexpr, FINALIZE: tl.constexpr, BT: tl.constexpr,
+    MULTICAST: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    h = chunk * BLOCK + tl.arange(0, BLOCK)
+
+    ptx.grid_dependency_wait(USE_PDL, ON_GPU)
+    if FINALIZE:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for k in tl.static_range(TOP_K):
+            row = tl.load(indices_ptr + token * TOP_K + k)
+            weight = tl.load(weights_ptr + token * TOP_K + k)
+            routed = row != -1
+            values = tl.load(gemm2_ptr + row.to(tl.int64) * HIDDEN + h, mask=routed & (h < HIDDEN), other=0)
+            # A route this rank does not hold is skipped, not multiplied by zero.
+            acc = tl.where(routed, ptx.fma_rn(bf16_to_f32(values), weight, acc, ON_GPU), acc)
+        shared = tl.load(x_ptr + token * HIDDEN + h)
+        contribution = f32_to_bf16(acc + bf16_to_f32(shared))
+    else:
+        contribution = tl.load(x_ptr + token * HIDDEN + h)
+    contribution = canonical_zero(contribution)
+
+    generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
+    gen = generation.to(tl.int64)
+    if BT:
+        slot = ((gen * TP + RANK) * SLOTS + token // TP) * HIDDEN
+        owner = lamport.peer_pointer(peer_table_ptr, token % TP)
+        tl.store(owner + slot + h, contribution)
+    else:
+        slot = ((gen * TP + RANK) * SLOTS + token) * HIDDEN + chunk * BLOCK
+        if MULTICAST:
+            lamport.store_multicast(multicast_address, slot, contribution, BLOCK)
+        else:
+            for peer in tl.static_range(TP):
+                destination = lamport.peer_pointer(peer_table_ptr, peer)
+                tl.store(destination + slot + tl.arange(0, BLOCK), contribution)
+
+    if (token == 0) & (chunk == 0):
+        tl.store(state_ptr + lamport.STATE_ACTIVE, generation)
+    ptx.launch_dependents(USE_PDL, ON_GPU)

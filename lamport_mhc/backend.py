@@ -1,0 +1,138 @@
+"""The interface every kernel backend implements, and the lazy registry of backends.
+
+A backend module (``kernels_triton.backend``, ``kernels_cute.backend``) exposes a class with
+- ``name``;
+- ``support(spec, device) -> Support``: can it build ``spec`` here; a "no" says why and what to do;
+- ``build(spec, workspace, interpret=False) -> Kernels``: compile every kernel the build needs (at
+  construction, never during a call or a CUDA-graph capture) over the given workspace.
+``Kernels`` launches the four steps of a call; ``lamport_mhc.paths.FusedPath`` sequences them.
+Backends are imported only when selected, so a missing optional dependency costs nothing until used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from .layout import owner_capacity
+
+if TYPE_CHECKING:
+    from .workspace import Workspace
+
+PROTOCOLS = ("ll", "bt")
+VARIANTS = ("plain", "quant", "residual")
+TRANSPORTS = ("peer", "multicast")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """Everything that fixes the compiled kernels of one rank of one ``AllReduceMHC`` build."""
+
+    hidden: int
+    hc: int
+    capacity: int
+    top_k: int
+    tp: int
+    rank: int
+    quantize: bool = False
+    residual_only: bool = False
+    bt: bool = False  # BT mailboxes and kernels exist (capacity reaches a BT threshold)
+    transport: str = "peer"
+    use_pdl: bool = True
+    spin_timeout_ns: int = 0  # 0: spin loops wait forever
+
+    @property
+    def owner_capacity(self) -> int:
+        return owner_capacity(self.capacity, self.tp)
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        return PROTOCOLS if self.bt else PROTOCOLS[:1]
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return ("plain",) + (("quant",) if self.quantize else ()) + (
+            ("residual",) if self.residual_only else ())
+
+
+@dataclass(frozen=True)
+class Support:
+    """A backend's answer for one build on one device; ``reason`` is actionable when ``ok`` is False."""
+
+    ok: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls) -> Support:
+        return cls(True)
+
+    @classmethod
+    def no(cls, reason: str) -> Support:
+        return cls(False, reason)
+
+
+@dataclass
+class ConsumerArgs:
+    """A validated call's consumer inputs and the outputs it writes (allocated by the caller)."""
+
+    variant: str
+    residual: torch.Tensor
+    post: torch.Tensor
+    comb: torch.Tensor
+    pre: torch.Tensor | None
+    norm_weight: torch.Tensor | None
+    norm_eps: float
+    residual_out: torch.Tensor
+    layer_input: torch.Tensor | None
+    mxfp8_values: torch.Tensor | None
+    mxfp8_scales: torch.Tensor | None
+
+
+class Kernels(Protocol):
+    """What a backend launches per call, on the stream of the current device."""
+
+    def publish(self, protocol: str, x: torch.Tensor) -> None: ...
+
+    def finalize_publish(self, protocol: str, gemm2: torch.Tensor, weights: torch.Tensor,
+                         indices: torch.Tensor, shared: torch.Tensor) -> None: ...
+
+    def owner_reduce(self, m: int) -> None: ...
+
+    def consume(self, protocol: str, args: ConsumerArgs) -> None: ...
+
+
+class KernelBackend(Protocol):
+    name: str
+
+    def support(self, spec: BuildSpec, device: torch.device) -> Support: ...
+
+    def build(self, spec: BuildSpec, workspace: Workspace, interpret: bool = False) -> Kernels: ...
+
+
+# name -> (module, class); "torch" is the unfused path and needs no kernels.
+_REGISTRY = {
+    "triton": ("kernels_triton.backend", "TritonBackend"),
+    "cute": ("kernels_cute.backend", "CuteBackend"),
+}
+FUSED_BACKENDS = tuple(_REGISTRY)
+ALL_BACKENDS = FUSED_BACKENDS + ("torch",)
+
+
+def load_backend(name: str) -> KernelBackend | Support:
+    """The backend object, or a ``Support.no`` saying why it cannot be imported here."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown fused backend {name!r}; expected one of {FUSED_BACKENDS}")
+    module_name, class_name = _REGISTRY[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name == module_name.split(".")[0]:
+            return Support.no(f"the {name} backend is not part of this installation ({module_name} is missing)")
+        return Support.no(f"the {name} backend needs {error.name!r}: pip install 'lamport-mhc[cute]'"
+                          if name == "cute" else f"the {name} backend needs {error.name!r}")
+    except ImportError as error:
+        return Support.no(f"the {name} backend failed to import: {error}")
+    return getattr(module, class_name)()

@@ -1,0 +1,69 @@
+"""User-facing configuration of an ``AllReduceMHC`` build."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+from .backend import ALL_BACKENDS, TRANSPORTS
+
+BACKEND_ENV = "LAMPORT_MHC_BACKEND"
+BACKEND_CHOICES = ("auto",) + ALL_BACKENDS
+TRANSPORT_CHOICES = ("auto",) + TRANSPORTS
+
+
+@dataclass(frozen=True)
+class AllReduceMHCConfig:
+    """backend: "auto" (the measured preference among what this machine supports, else "torch"),
+    "triton", "cute" or "torch" (unfused: gather + torch ops, any process group). The environment
+    variable LAMPORT_MHC_BACKEND overrides it.
+    transport: "auto" (multicast where the symmetric-memory handle has a multicast address and
+    TORCH_SYMM_MEM_DISABLE_MULTICAST is unset, else peer), "peer" or "multicast".
+    bt_min_rows / bt_min_finalize_rows: calls of at least this many rows use the two-shot BT
+    protocol; None takes the preset of this machine (``lamport_mhc.presets``).
+    cross_check: also run ``cross_check_backend`` on every call and raise on the first differing bit.
+    spin_timeout_ms: bound every spin loop; an expired wait raises RuntimeError at the next call
+    (or ``check()``), which then synchronizes with the device. None: wait forever (production).
+    check_index_range: validate finalize's expert indices against the GEMM2 rows before launching
+    (reads them on the host: a device synchronization per call, not allowed in graph capture).
+    """
+
+    backend: str = "auto"
+    transport: str = "auto"
+    bt_min_rows: int | None = None
+    bt_min_finalize_rows: int | None = None
+    cross_check: bool = False
+    cross_check_backend: str = "torch"
+    spin_timeout_ms: float | None = None
+    use_pdl: bool = True
+    check_index_range: bool = False
+
+    def __post_init__(self):
+        if self.backend not in BACKEND_CHOICES:
+            raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {self.backend!r}")
+        if self.cross_check_backend not in ALL_BACKENDS:
+            raise ValueError(f"cross_check_backend must be one of {ALL_BACKENDS}, got {self.cross_check_backend!r}")
+        if self.transport not in TRANSPORT_CHOICES:
+            raise ValueError(f"transport must be one of {TRANSPORT_CHOICES}, got {self.transport!r}")
+        for name in ("bt_min_rows", "bt_min_finalize_rows"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if self.spin_timeout_ms is not None and not (
+                isinstance(self.spin_timeout_ms, (int, float)) and math.isfinite(self.spin_timeout_ms)
+                and self.spin_timeout_ms > 0):
+            raise ValueError(f"spin_timeout_ms must be a positive finite number or None, got {self.spin_timeout_ms!r}")
+
+    @property
+    def spin_timeout_ns(self) -> int:
+        return 0 if self.spin_timeout_ms is None else max(1, int(self.spin_timeout_ms * 1e6))
+
+    def with_environment(self) -> AllReduceMHCConfig:
+        """The config with LAMPORT_MHC_BACKEND applied (an invalid value raises ValueError)."""
+        override = os.environ.get(BACKEND_ENV, "").strip()
+        if not override:
+            return self
+        if override not in BACKEND_CHOICES:
+            raise ValueError(f"{BACKEND_ENV}={override!r}: expected one of {BACKEND_CHOICES}")
+        return replace(self, backend=override)

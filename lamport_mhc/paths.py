@@ -1,0 +1,97 @@
+"""Paths that execute a validated call: the fused Lamport path over a kernel backend, and the
+unfused torch path (gather + the reference contract) that runs on any process group."""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .backend import BuildSpec, Kernels
+from .call import Call
+from .selector import Thresholds, choose_protocol
+from .workspace import Workspace
+
+
+class FusedPath:
+    """publish -> (BT: owner reduce) -> consumer, over one rank's workspace. The steps are separate
+    so that the simulated group can launch them across ranks in protocol order."""
+
+    def __init__(self, name: str, spec: BuildSpec, kernels: Kernels, workspace: Workspace,
+                 thresholds: Thresholds):
+        self.name = name
+        self.spec = spec
+        self.kernels = kernels
+        self.workspace = workspace
+        self.thresholds = thresholds
+
+    def protocol(self, call: Call) -> str:
+        return choose_protocol(call.kind, call.m, self.thresholds, self.spec.bt)
+
+    def publish(self, call: Call, protocol: str) -> None:
+        if call.kind == "finalize":
+            self.kernels.finalize_publish(protocol, call.gemm2, call.weights, call.indices, call.shared)
+        else:
+            self.kernels.publish(protocol, call.x)
+
+    def reduce(self, call: Call, protocol: str) -> None:
+        if protocol == "bt":
+            self.kernels.owner_reduce(call.m)
+
+    def consume(self, call: Call, protocol: str) -> None:
+        self.kernels.consume(protocol, call.consumer)
+
+    def run(self, call: Call) -> None:
+        protocol = self.protocol(call)
+        self.publish(call, protocol)
+        self.reduce(call, protocol)
+        self.consume(call, protocol)
+
+    def raise_on_timeout(self) -> None:
+        """Raise if a spin loop gave up (spin_timeout_ms); synchronizes with the device."""
+        record = self.workspace.read_error()
+        if record is not None:
+            source, generation, token = record
+            awaited = "the owners' reduced sum" if source < 0 else f"rank {source}'s contribution"
+            raise RuntimeError(
+                f"{self.name} rank {self.workspace.rank}: spin timeout waiting for {awaited} to token {token} "
+                f"of generation {generation}; a peer did not publish (hung, crashed, or issued a different "
+                f"sequence of calls). This instance is unusable; rebuild it on every rank.")
+
+
+class TorchPath:
+    """The unfused path: gather every rank's contribution, then apply the contract (an all-reduce
+    would sum in an unspecified order and precision, so the contributions are gathered)."""
+
+    name = "torch"
+
+    def __init__(self, spec: BuildSpec, group):
+        self.spec = spec
+        self.group = group
+
+    def contribution(self, call: Call) -> torch.Tensor:
+        if call.kind == "finalize":
+            return reference.finalize_contribution(call.gemm2, call.weights, call.indices, call.shared)
+        return call.x
+
+    def run(self, call: Call) -> None:
+        import torch.distributed as dist
+
+        local = self.contribution(call).contiguous()
+        # bf16 travels as int32 pairs: every backend (gloo included) moves int32 bit for bit.
+        words = local.view(torch.int32)
+        gathered = [torch.empty_like(words) for _ in range(self.spec.tp)]
+        dist.all_gather(gathered, words, group=self.group)
+        self.apply([g.view(torch.bfloat16) for g in gathered], call)
+
+    @staticmethod
+    def apply(contributions: list[torch.Tensor], call: Call) -> None:
+        c = call.consumer
+        residual_out, layer_input, mxfp8 = reference.all_reduce_mhc(
+            contributions, c.residual, c.post, c.comb, c.pre, c.norm_weight, c.norm_eps,
+            quantize=c.mxfp8_values is not None)
+        c.residual_out.copy_(residual_out)
+        if c.layer_input is not None:
+            c.layer_input.copy_(layer_input)
+        if mxfp8 is not None:
+            c.mxfp8_values.view(torch.uint8).copy_(mxfp8[0].view(torch.uint8))
+            c.mxfp8_scales.copy_(mxfp8[1])

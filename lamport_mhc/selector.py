@@ -1,0 +1,70 @@
+"""Per-call choices: which backend an instance runs (from the config, the presets and what this
+machine supports, never a guess), which protocol a call takes, and the cross-check comparison."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .backend import FUSED_BACKENDS, BuildSpec, Support, load_backend
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    bt_min_rows: int
+    bt_min_finalize_rows: int
+
+
+def choose_protocol(kind: str, m: int, thresholds: Thresholds, bt_built: bool) -> str:
+    """BT from the threshold of the call's kind on (when the build has BT state), else LL."""
+    limit = thresholds.bt_min_finalize_rows if kind == "finalize" else thresholds.bt_min_rows
+    return "bt" if bt_built and m >= limit else "ll"
+
+
+def support_table(spec: BuildSpec, device: torch.device) -> dict[str, Support]:
+    """Every fused backend's answer for this build here."""
+    table = {}
+    for name in FUSED_BACKENDS:
+        backend = load_backend(name)
+        table[name] = backend if isinstance(backend, Support) else backend.support(spec, device)
+    return table
+
+
+def resolve_backend(requested: str, preference: tuple[str, ...], spec: BuildSpec,
+                    device: torch.device) -> tuple[str, dict[str, Support]]:
+    """The backend an instance builds: ``requested`` itself, or for "auto" the first of
+    ``preference`` (the measured order) that supports the build, else the unfused "torch" path."""
+    if requested == "torch":
+        return "torch", {}
+    table = support_table(spec, device)
+    if requested != "auto":
+        if not table[requested].ok:
+            raise RuntimeError(f"backend {requested!r} cannot run here: {table[requested].reason}")
+        return requested, table
+    for name in preference:
+        if table.get(name, Support.no("unknown")).ok:
+            return name, table
+    return "torch", table
+
+
+def first_difference(name: str, expected: torch.Tensor, actual: torch.Tensor) -> str | None:
+    """None when the bits are identical, else a message naming the output and the first index."""
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+    a = expected.view(as_int[expected.element_size()])
+    b = actual.view(as_int[actual.element_size()])
+    if torch.equal(a, b):
+        return None
+    flat = (a != b).flatten().nonzero()[0, 0].item()
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
+    return (f"{name} differs first at index {index}: 0x{int(a.flatten()[flat]) & 0xFFFFFFFF:x} vs "
+            f"0x{int(b.flatten()[flat]) & 0xFFFFFFFF:x}")
+
+
+def cross_check(primary: str, secondary: str, expected: dict[str, torch.Tensor],
+                actual: dict[str, torch.Tensor]) -> None:
+    """Raise on the first output of ``primary`` whose bits differ from ``secondary``'s."""
+    for name, tensor in expected.items():
+        message = first_difference(name, tensor, actual[name])
+        if message is not None:
+            raise RuntimeError(f"cross-check {primary} vs {secondary}: {message}")

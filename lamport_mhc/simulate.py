@@ -1,0 +1,115 @@
+"""A TP group in one process: the backend's real kernels over shared host mailboxes.
+
+Each simulated rank has its own workspace (host twins of the symmetric buffers, with tables of host
+addresses) and its own compiled-for-the-interpreter kernels. A call launches in protocol order,
+every rank's publish, then (BT) every rank's owner reduce, then every rank's consumer, so every spin
+loop finds its data; a kernel that still finds a slot empty records a timeout, raised here as
+RuntimeError instead of hanging. Generations persist across calls, as on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import validate
+from .backend import BuildSpec, load_backend
+from .call import Call
+from .mxfp8 import mxfp8_scale_bytes
+from .paths import FusedPath, TorchPath
+from .selector import Thresholds
+from .workspace import allocate_host_group
+
+SIMULATED_BACKENDS = ("triton", "torch")
+
+
+class SimulatedGroup:
+    def __init__(self, tp: int, *, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int,
+                 backend: str = "triton", quantize_layer_input: bool = False, residual_only: bool = False,
+                 bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None):
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"tp must be a positive int, got {tp!r}")
+        if backend not in SIMULATED_BACKENDS:
+            raise ValueError(f"the simulated group runs {SIMULATED_BACKENDS} (CuTe DSL kernels need a GPU), "
+                             f"got {backend!r}")
+        validate.check_build(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input)
+        for name, value in (("bt_min_rows", bt_min_rows), ("bt_min_finalize_rows", bt_min_finalize_rows)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        # Without thresholds the simulated group runs LL only (there is no machine to measure).
+        never = max_num_tokens + 1
+        self.thresholds = Thresholds(bt_min_rows or never, bt_min_finalize_rows or never)
+        self.tp = tp
+        self.backend = backend
+        self.device = torch.device("cpu")
+        self.specs = [BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp,
+                                rank=rank, quantize=quantize_layer_input, residual_only=residual_only,
+                                bt=min(self.thresholds.bt_min_rows, self.thresholds.bt_min_finalize_rows)
+                                <= max_num_tokens)
+                      for rank in range(tp)]
+        self.workspaces = allocate_host_group(self.specs)
+        if backend == "torch":
+            self.paths = None
+        else:
+            kernel_backend = load_backend(backend)
+            self.paths = [FusedPath(f"simulated {backend}", spec, kernel_backend.build(spec, ws, interpret=True),
+                                    ws, self.thresholds)
+                          for spec, ws in zip(self.specs, self.workspaces)]
+
+    # -- calls -------------------------------------------------------------------------------------
+    def all_reduce_mhc(self, xs, residual, post, comb, pre, norm_weight, norm_eps, mxfp8=False):
+        """Per-rank lists in (``xs`` and every per-token input may be one tensor shared by all
+        ranks or a list of tp tensors); a list of per-rank (residual_out, layer_input, mxfp8) out."""
+        self._check_list("xs", xs)
+        calls = [validate.plain_call(spec, self.device, xs[r], *self._consumer_inputs(
+                 r, residual, post, comb, pre, norm_weight, norm_eps, mxfp8, xs[r].shape[0]))
+                 for r, spec in enumerate(self.specs)]
+        return self._run(calls)
+
+    def finalize(self, gemm2s, weights, idxs, shareds, residual, post, comb, pre, norm_weight, norm_eps,
+                 mxfp8=False):
+        for name, value in (("gemm2s", gemm2s), ("weights", weights), ("idxs", idxs), ("shareds", shareds)):
+            self._check_list(name, value)
+        calls = [validate.finalize_call(spec, self.device, gemm2s[r], weights[r], idxs[r], shareds[r],
+                                        *self._consumer_inputs(r, residual, post, comb, pre, norm_weight,
+                                                               norm_eps, mxfp8, shareds[r].shape[0]),
+                                        check_index_range=True)
+                 for r, spec in enumerate(self.specs)]
+        return self._run(calls)
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _check_list(self, name, value) -> None:
+        if not isinstance(value, (list, tuple)) or len(value) != self.tp:
+            raise ValueError(f"{name} must be a list of {self.tp} per-rank tensors")
+
+    def _consumer_inputs(self, rank, residual, post, comb, pre, norm_weight, norm_eps, mxfp8, m):
+        def per_rank(value):
+            return value[rank] if isinstance(value, (list, tuple)) else value
+        mxfp8_out = None
+        if mxfp8:
+            h = self.specs[0].hidden
+            mxfp8_out = (torch.empty((m, h), dtype=torch.float8_e4m3fn),
+                         torch.empty(mxfp8_scale_bytes(m, h), dtype=torch.uint8))
+            # Poison: every byte the consumer must write is overwritten.
+            mxfp8_out[0].view(torch.uint8).fill_(0xA5)
+            mxfp8_out[1].fill_(0xA5)
+        return (per_rank(residual), per_rank(post), per_rank(comb), per_rank(pre), per_rank(norm_weight),
+                norm_eps, mxfp8_out)
+
+    def _run(self, calls: list[Call]):
+        if self.paths is None:
+            contributions = [TorchPath(spec, None).contribution(call) for spec, call in zip(self.specs, calls)]
+            for call in calls:
+                TorchPath.apply(contributions, call)
+            return [call.outputs for call in calls]
+        protocol = self.paths[0].protocol(calls[0])
+        for step in ("publish", "reduce", "consume"):
+            for path, call in zip(self.paths, calls):
+                getattr(path, step)(call, protocol)
+            for path in self.paths:
+                path.raise_on_timeout()
+        return [call.outputs for call in calls]
+
+    def generation_state(self) -> list[dict[str, list[int]]]:
+        """Each rank's [next, active] per protocol (for tests of the generation rotation)."""
+        return [{"ll": ws.ll_state.tolist(), **({"bt": ws.bt_state.tolist()} if ws.bt_state is not None else {})}
+                for ws in self.workspaces]

@@ -1,0 +1,144 @@
+"""Lamport mailboxes, generation state and the transport of one rank.
+
+Per protocol: the mailbox this rank reads, the table of every rank's copy of it (peer transport:
+one 16-byte store per destination), the multicast address of it (multicast transport; 0 when
+unused) and the ``[next, active]`` generation state. ``allocate`` builds them in symmetric memory,
+collectively over a process group; ``allocate_host_group`` builds the host twin of a whole TP group
+for the simulated group, with the same layouts and tables of host addresses.
+
+Layouts (int16 views of bf16 slots, filled with the sentinel):
+- LL contributions  ``[3][tp][capacity][hidden]``, written by every rank;
+- BT contributions  ``[3][tp][ceil(capacity / tp)][hidden]``, written by the ranks to the owner;
+- BT sums           ``[3][capacity][hidden]``, written by the owners; shares BT's generation state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import layout
+from .backend import BuildSpec
+
+
+@dataclass
+class Mailbox:
+    local: torch.Tensor           # int16, this rank's copy
+    peers: torch.Tensor           # int64 [tp]: address of every rank's copy, on the local device
+    multicast: int = 0            # multicast address of the buffer (0: not used)
+
+
+@dataclass
+class Workspace:
+    tp: int
+    rank: int
+    transport: str
+    ll: Mailbox
+    ll_state: torch.Tensor        # int32 [2]
+    bt: Mailbox | None = None
+    bt_sums: Mailbox | None = None
+    bt_state: torch.Tensor | None = None
+    error: torch.Tensor = None    # int32 [ERROR_WORDS]
+    _keepalive: list = field(default_factory=list, repr=False)
+
+    def state(self, protocol: str) -> torch.Tensor:
+        return self.bt_state if protocol == "bt" else self.ll_state
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """Copies of all mutable state, for checking that a rejected call touched nothing."""
+        tensors = {"ll": self.ll.local, "ll_state": self.ll_state, "error": self.error}
+        if self.bt is not None:
+            tensors.update(bt=self.bt.local, bt_sums=self.bt_sums.local, bt_state=self.bt_state)
+        return {name: tensor.clone() for name, tensor in tensors.items()}
+
+    def read_error(self) -> tuple[int, int, int, int] | None:
+        """The spin-timeout record (source rank, generation, token) if a kernel gave up waiting."""
+        flag, source, generation, token = (int(v) for v in self.error.tolist())
+        return (source, generation, token) if flag else None
+
+
+def mailbox_shapes(spec: BuildSpec) -> dict[str, tuple[int, ...]]:
+    g, tp, cap, h = layout.GENERATIONS, spec.tp, spec.capacity, spec.hidden
+    shapes = {"ll": (g, tp, cap, h)}
+    if spec.bt:
+        shapes.update(bt=(g, tp, spec.owner_capacity, h), bt_sums=(g, cap, h))
+    return shapes
+
+
+def _sentinel_filled(shape, device) -> torch.Tensor:
+    return torch.full(shape, layout.SENTINEL_INT16, dtype=torch.int16, device=device)
+
+
+def allocate_host_group(specs: list[BuildSpec]) -> list[Workspace]:
+    """Host mailboxes of a simulated TP group: rank r's tables hold the host addresses of every
+    rank's buffers, exactly as a device table holds peer addresses."""
+    buffers = [{name: _sentinel_filled(shape, "cpu") for name, shape in mailbox_shapes(s).items()}
+               for s in specs]
+
+    def mailbox(name: str, rank: int) -> Mailbox:
+        table = torch.tensor([b[name].data_ptr() for b in buffers], dtype=torch.int64)
+        return Mailbox(local=buffers[rank][name], peers=table)
+
+    workspaces = []
+    for rank, spec in enumerate(specs):
+        ws = Workspace(tp=spec.tp, rank=rank, transport="peer", ll=mailbox("ll", rank),
+                       ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32),
+                       error=torch.zeros(layout.ERROR_WORDS, dtype=torch.int32))
+        if spec.bt:
+            ws.bt, ws.bt_sums = mailbox("bt", rank), mailbox("bt_sums", rank)
+            ws.bt_state = torch.zeros(layout.STATE_WORDS, dtype=torch.int32)
+        ws._keepalive.append(buffers)  # every rank's tables point into every rank's buffers
+        workspaces.append(ws)
+    return workspaces
+
+
+def allocate(spec: BuildSpec, group, device: torch.device, transport: str) -> Workspace:
+    """Symmetric-memory workspace of this rank (collective over ``group``; ends in a barrier).
+
+    ``transport``: "peer", "multicast" or "auto" (multicast when the rendezvous handle has a
+    multicast address and the environment allows it, else peer). The resolved transport is
+    recorded in the workspace; the caller compiles its kernels for it.
+    """
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from .machine import multicast_allowed
+
+    mailboxes: dict[str, Mailbox] = {}
+    handles = []
+    for name, shape in mailbox_shapes(spec).items():
+        buffer = symm_mem.empty(shape, dtype=torch.bfloat16, device=device)
+        buffer.view(torch.int16).fill_(layout.SENTINEL_INT16)
+        handle = symm_mem.rendezvous(buffer, group)
+        handles.append((buffer, handle))
+        peers = [handle.get_remote_tensor(peer, shape, torch.bfloat16).data_ptr() for peer in range(spec.tp)]
+        if not all(peers) or any(address % 16 for address in peers):
+            raise RuntimeError(f"symmetric memory gave no 16-byte aligned peer mapping for the {name} mailbox")
+        multicast = int(getattr(handle, "multicast_ptr", 0) or 0)
+        mailboxes[name] = Mailbox(local=buffer.view(torch.int16),
+                                  peers=torch.tensor(peers, dtype=torch.int64, device=device),
+                                  multicast=multicast)
+
+    # LL publishes and BT owners broadcast by multicast; BT publishes are always unicast to owners.
+    multicast_targets = [mailboxes[name] for name in ("ll", "bt_sums") if name in mailboxes]
+    available = all(m.multicast and m.multicast % 16 == 0 for m in multicast_targets) and multicast_allowed()
+    if transport == "auto":
+        transport = "multicast" if available else "peer"
+    elif transport == "multicast" and not available:
+        raise RuntimeError("transport='multicast' but the symmetric-memory handles have no usable multicast "
+                           "address here (or TORCH_SYMM_MEM_DISABLE_MULTICAST is set); use 'peer' or 'auto'")
+    if transport == "peer":
+        for m in mailboxes.values():
+            m.multicast = 0
+
+    ws = Workspace(tp=spec.tp, rank=spec.rank, transport=transport, ll=mailboxes["ll"],
+                   ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device),
+                   error=torch.zeros(layout.ERROR_WORDS, dtype=torch.int32, device=device))
+    if spec.bt:
+        ws.bt, ws.bt_sums = mailboxes["bt"], mailboxes["bt_sums"]
+        ws.bt_state = torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device)
+    ws._keepalive.extend(handles)
+    torch.cuda.synchronize(device)
+    dist.barrier(group=group)
+    return ws
