@@ -1,0 +1,1 @@
+"""GPU tier: multi-process tests, one process per GPU (see harness.py)."""
