@@ -42,6 +42,10 @@ class TritonBackend:
     def build(self, spec: BuildSpec, workspace: Workspace, interpret: bool = False) -> TritonKernels:
         return TritonKernels(spec, workspace, interpret)
 
+    def compile_offline(self, spec: BuildSpec, arch: str) -> dict[str, str]:
+        from .offline import compile_ptx
+        return compile_ptx(spec, arch)
+
 
 class TritonKernels:
     def __init__(self, spec: BuildSpec, workspace: Workspace, interpret: bool):

@@ -19,7 +19,7 @@ from . import lamport, ptx
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
                        pairwise_sum, row_of, scale_offset, ue8m0_scale)
 
-PLAIN, QUANT, RESIDUAL_ONLY = 0, 1, 2
+PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit

@@ -11,6 +11,8 @@ make, are interpreted too.
 from __future__ import annotations
 
 import threading
+
+import numpy as np
 from contextlib import contextmanager
 
 from triton.runtime.interpreter import InterpretedFunction
@@ -37,5 +39,6 @@ def _device_calls_interpreted():
 
 
 def launch_interpreted(kernel: JITFunction, grid, *args, **kwargs) -> None:
-    with _lock, _device_calls_interpreted():
+    # IEEE overflow, NaN and Inf are part of the contract, not accidents: numpy need not warn.
+    with _lock, _device_calls_interpreted(), np.errstate(all="ignore"):
         _as_interpreted(kernel)[grid](*args, **kwargs)

@@ -4,16 +4,18 @@ until no lane holds the sentinel (with the optional spin bound), re-arming slots
 import triton
 import triton.language as tl
 
+from lamport_mhc import layout
+
 from . import ptx
 
 from .numerics import SENTINEL
 
-STATE_NEXT = 0
-STATE_ACTIVE = 1
-GENERATIONS = 3
+STATE_NEXT = tl.constexpr(layout.STATE_NEXT)
+STATE_ACTIVE = tl.constexpr(layout.STATE_ACTIVE)
+GENERATIONS = tl.constexpr(layout.GENERATIONS)
 # Under the interpreter every publish ran before any consumer, so a slot still empty after this
 # many polls is a protocol bug, reported like a GPU spin timeout instead of hanging the process.
-INTERPRETER_POLLS = 2
+INTERPRETER_POLLS = tl.constexpr(2)
 
 
 @triton.jit

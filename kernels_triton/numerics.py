@@ -11,7 +11,9 @@ import triton.language as tl
 
 
 
-SENTINEL = -32768  # bf16 -0.0 as int16
+from lamport_mhc import layout
+
+SENTINEL = tl.constexpr(layout.SENTINEL_INT16)  # bf16 -0.0 as int16
 
 
 @triton.jit

@@ -12,7 +12,7 @@ from .consumer import PLAIN, QUANT, RESIDUAL_ONLY, consumer_kernel
 from .owner_reduce import owner_reduce_kernel
 from .publish import publish_kernel
 
-VARIANT_CODES = {"plain": PLAIN, "quant": QUANT, "residual": RESIDUAL_ONLY}
+VARIANT_CODES = {"plain": PLAIN.value, "quant": QUANT.value, "residual": RESIDUAL_ONLY.value}
 
 PUBLISH_SIGNATURE = {"x_ptr": "*i16", "gemm2_ptr": "*i16", "weights_ptr": "*fp32", "indices_ptr": "*i32",
                      "state_ptr": "*i32", "peer_table_ptr": "*i64", "multicast_address": "i64"}

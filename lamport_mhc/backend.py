@@ -4,7 +4,8 @@ A backend module (``kernels_triton.backend``, ``kernels_cute.backend``) exposes 
 - ``name``;
 - ``support(spec, device) -> Support``: can it build ``spec`` here; a "no" says why and what to do;
 - ``build(spec, workspace, interpret=False) -> Kernels``: compile every kernel the build needs (at
-  construction, never during a call or a CUDA-graph capture) over the given workspace.
+  construction, never during a call or a CUDA-graph capture) over the given workspace;
+- ``compile_offline(spec, arch) -> {kernel name: PTX}``: the same kernels, compiled with no GPU.
 ``Kernels`` launches the four steps of a call; ``lamport_mhc.paths.FusedPath`` sequences them.
 Backends are imported only when selected, so a missing optional dependency costs nothing until used.
 """
@@ -110,6 +111,10 @@ class KernelBackend(Protocol):
     def support(self, spec: BuildSpec, device: torch.device) -> Support: ...
 
     def build(self, spec: BuildSpec, workspace: Workspace, interpret: bool = False) -> Kernels: ...
+
+    def compile_offline(self, spec: BuildSpec, arch: str) -> dict[str, str]:
+        """PTX of every kernel of ``spec`` for ``arch`` (e.g. sm_90a), compiled without a GPU."""
+        ...
 
 
 # name -> (module, class); "torch" is the unfused path and needs no kernels.

@@ -31,21 +31,17 @@ def support_table(spec: BuildSpec, device: torch.device) -> dict[str, Support]:
     return table
 
 
-def resolve_backend(requested: str, preference: tuple[str, ...], spec: BuildSpec,
-                    device: torch.device) -> tuple[str, dict[str, Support]]:
-    """The backend an instance builds: ``requested`` itself, or for "auto" the first of
-    ``preference`` (the measured order) that supports the build, else the unfused "torch" path."""
+def pick_backend(requested: str, preference: tuple[str, ...], supported: set[str]) -> str:
+    """The backend an instance builds, given the fused backends every rank supports: ``requested``
+    itself (which must be supported), or for "auto" the first of ``preference`` (the measured order)
+    that is supported, else the unfused "torch" path. "auto" never guesses beyond that."""
     if requested == "torch":
-        return "torch", {}
-    table = support_table(spec, device)
-    if requested != "auto":
-        if not table[requested].ok:
-            raise RuntimeError(f"backend {requested!r} cannot run here: {table[requested].reason}")
-        return requested, table
-    for name in preference:
-        if table.get(name, Support.no("unknown")).ok:
-            return name, table
-    return "torch", table
+        return "torch"
+    if requested == "auto":
+        return next((name for name in preference if name in supported), "torch")
+    if requested not in supported:
+        raise RuntimeError(f"backend {requested!r} is not supported on every rank")
+    return requested
 
 
 def first_difference(name: str, expected: torch.Tensor, actual: torch.Tensor) -> str | None:

@@ -1,0 +1,160 @@
+"""The public op: ``AllReduceMHC``, built once per layer kind (collectively over the TP group) and
+called every forward step, eagerly or inside a CUDA graph."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import torch
+
+from . import presets, validate
+from .backend import BuildSpec, load_backend
+from .call import Call
+from .config import AllReduceMHCConfig
+from .paths import FusedPath, TorchPath
+from .selector import Thresholds, choose_protocol, cross_check, pick_backend, support_table
+from .workspace import allocate
+
+
+class AllReduceMHC:
+    """Lamport TP all-reduce of a sublayer's partial output fused with the mHC post-mix of the hc
+    residual streams, their pre-mix collapse and RMSNorm (optionally also an MXFP8 layer input).
+
+    ``__call__`` / ``finalize`` return new tensors ``(residual_out [M, hc, H] bf16, layer_input
+    [M, H] bf16 or None)``; ``mxfp8_out`` buffers, when given, are written in place. Every rank must
+    issue the same sequence of calls. See DESIGN.md for the bit contract every backend meets.
+    """
+
+    def __init__(self, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int, device, *,
+                 group=None, quantize_layer_input: bool = False, residual_only: bool = False,
+                 config: AllReduceMHCConfig | None = None):
+        import torch.distributed as dist
+
+        self.config = (config or AllReduceMHCConfig()).with_environment()
+        validate.check_build(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input)
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("AllReduceMHC needs an initialized torch.distributed process group "
+                               "(on one CPU process, lamport_mhc.SimulatedGroup runs the kernels instead)")
+        self.group = group if group is not None else dist.group.WORLD
+        tp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        self.device = device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            self.device = device = torch.device("cuda", torch.cuda.current_device())
+
+        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        self.preset = presets.lookup(presets.gpu_family(capability), tp, hidden_size)
+        self.thresholds = Thresholds(self.config.bt_min_rows or self.preset.bt_min_rows,
+                                     self.config.bt_min_finalize_rows or self.preset.bt_min_finalize_rows)
+        self.spec = BuildSpec(
+            hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=rank,
+            quantize=quantize_layer_input, residual_only=residual_only,
+            # A build whose capacity is below both thresholds allocates no BT state.
+            bt=min(self.thresholds.bt_min_rows, self.thresholds.bt_min_finalize_rows) <= max_num_tokens,
+            use_pdl=self.config.use_pdl, spin_timeout_ns=self.config.spin_timeout_ns)
+
+        self.backend = self._agree_on_backend(self.config.backend)
+        self.path = self._build_path(self.backend)
+        self.check_path = None
+        if self.config.cross_check:
+            if self.config.cross_check_backend == self.backend:
+                raise ValueError(f"cross_check_backend must differ from the backend ({self.backend!r})")
+            self.check_path = self._build_path(self.config.cross_check_backend)
+        self._broken: str | None = None
+
+    # -- construction ------------------------------------------------------------------------------
+    def _agree_on_backend(self, requested: str) -> str:
+        """Every rank builds the same backend: the fused backends all ranks support decide."""
+        import torch.distributed as dist
+
+        self.support = {} if requested == "torch" else support_table(self.spec, self.device)
+        local = sorted(name for name, answer in self.support.items() if answer.ok)
+        everyone: list = [None] * self.spec.tp
+        dist.all_gather_object(everyone, local, group=self.group)
+        supported = set.intersection(*(set(names) for names in everyone))
+        if requested in self.support and not self.support[requested].ok:
+            raise RuntimeError(f"backend {requested!r} cannot run here: {self.support[requested].reason}")
+        return pick_backend(requested, self.preset.backends, supported)
+
+    def _build_path(self, name: str):
+        if name == "torch":
+            return TorchPath(self.spec, self.group)
+        workspace = allocate(self.spec, self.group, self.device, self.config.transport)
+        spec = replace(self.spec, transport=workspace.transport)
+        with self._on_device():
+            kernels = load_backend(name).build(spec, workspace)
+        return FusedPath(name, spec, kernels, workspace, self.thresholds)
+
+    def _on_device(self):
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    # -- calls -------------------------------------------------------------------------------------
+    @property
+    def transport(self) -> str | None:
+        return self.path.spec.transport if isinstance(self.path, FusedPath) else None
+
+    def protocol(self, m: int, finalize: bool = False) -> str:
+        """The protocol a call of ``m`` rows takes ("ll" or "bt"); "gather" on the torch path."""
+        if isinstance(self.path, TorchPath):
+            return "gather"
+        return choose_protocol("finalize" if finalize else "plain", m, self.thresholds, self.spec.bt)
+
+    def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps, mxfp8_out=None):
+        """Return (post-mixed residual streams, normalized layer input); see the class docstring.
+        x [M, H] bf16 TP-partial; residual [M, hc, H] bf16; post [M, hc(, 1)] fp32; comb [M, hc, hc]
+        fp32 indexed [source, target]; pre [M, hc] fp32; norm_weight [H] bf16 (both None: residual
+        only); mxfp8_out (values [M, H] float8_e4m3fn, scales uint8 of mxfp8_scale_bytes(M, H))."""
+        self._ready()
+        call = validate.plain_call(self.spec, self.device, x, residual, post, comb, pre, norm_weight, norm_eps,
+                                   mxfp8_out)
+        return self._run(call)
+
+    def finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output, residual,
+                 post, comb, pre, norm_weight, norm_eps, mxfp8_out=None):
+        """``__call__`` for an unfinalized MoE output: gemm2_permuted [rows, H] bf16, expert_weights
+        [M, top_k] fp32, expanded_idx_to_permuted_idx [M, top_k] int32 (-1: route not held here),
+        shared_output [M, H] bf16 TP-partial."""
+        self._ready()
+        call = validate.finalize_call(self.spec, self.device, gemm2_permuted, expert_weights,
+                                      expanded_idx_to_permuted_idx, shared_output, residual, post, comb, pre,
+                                      norm_weight, norm_eps, mxfp8_out, self.config.check_index_range)
+        return self._run(call)
+
+    def check(self) -> None:
+        """Raise RuntimeError if a spin loop of an earlier call gave up (spin_timeout_ms)."""
+        for path in (self.path, self.check_path):
+            if isinstance(path, FusedPath):
+                try:
+                    path.raise_on_timeout()
+                except RuntimeError as error:
+                    self._broken = str(error)
+                    raise
+
+    def _ready(self) -> None:
+        if self._broken:
+            raise RuntimeError(self._broken)
+        if self.spec.spin_timeout_ns:
+            self.check()
+
+    def _run(self, call: Call):
+        with self._on_device():
+            self.path.run(call)
+            if self.check_path is not None:
+                self._cross_check(call)
+        residual_out, layer_input, _ = call.outputs
+        return residual_out, layer_input
+
+    def _cross_check(self, call: Call) -> None:
+        c = call.consumer
+        twin = replace(call, consumer=replace(
+            c, residual_out=torch.empty_like(c.residual_out),
+            layer_input=None if c.layer_input is None else torch.empty_like(c.layer_input),
+            mxfp8_values=None if c.mxfp8_values is None else torch.empty_like(c.mxfp8_values),
+            mxfp8_scales=None if c.mxfp8_scales is None else torch.empty_like(c.mxfp8_scales)))
+        self.check_path.run(twin)
+        names = ("residual_out", "layer_input", "mxfp8 values", "mxfp8 scales")
+        mine = dict(zip(names, (c.residual_out, c.layer_input, c.mxfp8_values, c.mxfp8_scales)))
+        theirs = dict(zip(names, (twin.consumer.residual_out, twin.consumer.layer_input,
+                                  twin.consumer.mxfp8_values, twin.consumer.mxfp8_scales)))
+        cross_check(self.backend, self.config.cross_check_backend,
+                    {k: v for k, v in mine.items() if v is not None}, theirs)

@@ -1,0 +1,154 @@
+"""``python -m lamport_mhc demo``: run every variant against the CPU reference and print a table.
+
+On a CPU-only machine: a simulated TP group running the Triton kernels under the interpreter. Under
+``torchrun`` (one process per GPU): the real collective; every rank rebuilds every rank's inputs from
+one seed, so it checks its own outputs against the reference without extra communication.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from . import reference
+from .testing import assert_same_bits, random_inputs
+
+EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps: the edge the contract must survive
+
+
+def _cases(capacity: int, bt_min_rows: int):
+    sizes = sorted({1, 3, bt_min_rows, capacity})
+    for variant in ("plain", "finalize", "quant", "residual"):
+        for m in sizes:
+            yield variant, m
+
+
+def _expected(inputs: dict, variant: str):
+    if variant == "finalize":
+        contributions = [reference.finalize_contribution(*args) for args in
+                         zip(inputs["gemm2s"], inputs["weights"], inputs["idxs"], inputs["shareds"])]
+    else:
+        contributions = inputs["xs"]
+    residual_only = variant == "residual"
+    return reference.all_reduce_mhc(contributions, inputs["residual"], inputs["post"], inputs["comb"],
+                                    None if residual_only else inputs["pre"],
+                                    None if residual_only else inputs["norm_weight"], EPS,
+                                    quantize=variant == "quant")
+
+
+def _check(outputs, expected) -> None:
+    (residual_out, layer_input, mxfp8), (ref_residual, ref_layer, ref_mxfp8) = outputs, expected
+    assert_same_bits("residual_out", ref_residual, residual_out)
+    if ref_layer is not None:
+        assert_same_bits("layer_input", ref_layer, layer_input)
+    if ref_mxfp8 is not None:
+        assert_same_bits("mxfp8 values", ref_mxfp8[0], mxfp8[0])
+        assert_same_bits("mxfp8 scales", ref_mxfp8[1], mxfp8[1])
+
+
+def _print_table(title: str, rows: list[tuple]) -> None:
+    print(title)
+    print(f"{'variant':9s} {'M':>5s} {'protocol':8s} {'ranks':>5s} {'bits vs reference':18s} {'ms':>8s}")
+    for variant, m, protocol, ranks, verdict, ms in rows:
+        print(f"{variant:9s} {m:5d} {protocol:8s} {ranks:5d} {verdict:18s} {ms:8.1f}")
+
+
+def run_simulated(args) -> int:
+    from .simulate import SimulatedGroup
+
+    hidden, capacity = args.hidden or 256, args.capacity or 8
+    bt_min_rows = max(2, capacity // 2)
+    group = SimulatedGroup(args.tp, hidden_size=hidden, hc_mult=args.hc, max_num_tokens=capacity, top_k=args.top_k,
+                           quantize_layer_input=hidden % 128 == 0, residual_only=True, bt_min_rows=bt_min_rows,
+                           bt_min_finalize_rows=bt_min_rows)
+    rows, failures = [], 0
+    for seed, (variant, m) in enumerate(_cases(capacity, bt_min_rows)):
+        if variant == "quant" and hidden % 128:
+            continue
+        inputs = random_inputs(args.tp, m, hidden, args.hc, seed=seed, top_k=args.top_k)
+        residual_only = variant == "residual"
+        consumer = (inputs["residual"], inputs["post"], inputs["comb"], None if residual_only else inputs["pre"],
+                    None if residual_only else inputs["norm_weight"], EPS)
+        start = time.perf_counter()
+        if variant == "finalize":
+            outputs = group.finalize(inputs["gemm2s"], inputs["weights"], inputs["idxs"], inputs["shareds"],
+                                     *consumer)
+        else:
+            outputs = group.all_reduce_mhc(inputs["xs"], *consumer, mxfp8=variant == "quant")
+        ms = (time.perf_counter() - start) * 1e3
+        expected = _expected(inputs, variant)
+        try:
+            for rank_outputs in outputs:
+                _check(rank_outputs, expected)
+            verdict = "identical"
+        except AssertionError as error:
+            verdict, failures = f"DIFFER: {error}", failures + 1
+        protocol = "bt" if m >= bt_min_rows else "ll"
+        rows.append((variant, m, protocol, args.tp, verdict, ms))
+    _print_table(f"simulated TP group: tp={args.tp} H={hidden} hc={args.hc} top_k={args.top_k} capacity={capacity} "
+                 f"(Triton kernels under the interpreter, eps={EPS:g})", rows)
+    return 1 if failures else 0
+
+
+def run_distributed(args) -> int:
+    import torch.distributed as dist
+
+    from . import AllReduceMHC, AllReduceMHCConfig
+    from .mxfp8 import mxfp8_scale_bytes
+
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    tp, rank = dist.get_world_size(), dist.get_rank()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    hidden, capacity = args.hidden or 5120, args.capacity or 1024
+    op = AllReduceMHC(hidden, args.hc, capacity, args.top_k, device, quantize_layer_input=hidden % 128 == 0,
+                      residual_only=True, config=AllReduceMHCConfig(backend=args.backend))
+    rows, failures = [], 0
+    for seed, (variant, m) in enumerate(_cases(capacity, op.thresholds.bt_min_rows)):
+        inputs = random_inputs(tp, m, hidden, args.hc, seed=seed, top_k=args.top_k, device=device)
+        residual_only = variant == "residual"
+        consumer = (inputs["residual"], inputs["post"], inputs["comb"], None if residual_only else inputs["pre"],
+                    None if residual_only else inputs["norm_weight"], EPS)
+        mxfp8 = None
+        if variant == "quant":
+            mxfp8 = (torch.empty((m, hidden), dtype=torch.float8_e4m3fn, device=device),
+                     torch.empty(mxfp8_scale_bytes(m, hidden), dtype=torch.uint8, device=device))
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        if variant == "finalize":
+            residual_out, layer_input = op.finalize(inputs["gemm2s"][rank], inputs["weights"][rank],
+                                                    inputs["idxs"][rank], inputs["shareds"][rank], *consumer)
+        else:
+            residual_out, layer_input = op(inputs["xs"][rank], *consumer, mxfp8_out=mxfp8)
+        if cuda:
+            torch.cuda.synchronize()
+        ms = (time.perf_counter() - start) * 1e3
+        expected = _expected({k: ([t.cpu() for t in v] if isinstance(v, list) else v.cpu())
+                              for k, v in inputs.items()}, variant)
+        try:
+            _check((residual_out, layer_input, mxfp8), expected)
+            verdict = "identical"
+        except AssertionError as error:
+            verdict = f"DIFFER: {error}"
+        verdicts: list = [None] * tp
+        dist.all_gather_object(verdicts, verdict)
+        worst = next((v for v in verdicts if v != "identical"), "identical")
+        failures += worst != "identical"
+        rows.append((variant, m, op.protocol(m, variant == "finalize"), tp, worst, ms))
+    if rank == 0:
+        _print_table(f"{tp} ranks on {device.type}: backend={op.backend} transport={op.transport} H={hidden} "
+                     f"hc={args.hc} top_k={args.top_k} capacity={capacity} (first-call ms include warm-up)", rows)
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+def run(args) -> int:
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return run_distributed(args)
+    return run_simulated(args)

@@ -1,0 +1,71 @@
+"""Inputs and bit comparisons for correctness tests of any backend (A/B tests, the demo, the suites).
+
+Inputs are drawn from one seed for the whole TP group, so every rank can build every rank's
+contribution and compute the reference locally. They mix ordinary values with the contract's edge
+cases: -0.0, bf16 subnormals, huge values, an all-zero row, and (finalize) -1 routes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .selector import first_difference
+
+
+def _bf16(shape, generator, scale=1.0, specials=True) -> torch.Tensor:
+    values = torch.randn(shape, generator=generator) * scale
+    if specials and values.numel() >= 8:
+        flat = values.view(-1)
+        picks = torch.randint(0, flat.numel(), (max(4, flat.numel() // 64),), generator=generator)
+        kinds = torch.randint(0, 4, picks.shape, generator=generator)
+        special = torch.tensor([-0.0, 3e-39, -2.5e38, -1e-40])  # -0, subnormal, huge, smallest subnormal
+        flat[picks] = special[kinds]
+    return values.to(torch.bfloat16)
+
+
+def random_inputs(tp: int, m: int, hidden: int, hc: int, *, seed: int, top_k: int = 0, gemm2_rows: int = 0,
+                  zero_row: bool = True, device="cpu") -> dict:
+    """Per-rank ``xs`` (and, with top_k, finalize inputs ``gemm2s, weights, idxs, shareds``) plus the
+    shared consumer inputs of one call. Row 0 is all zero in every input when ``zero_row``."""
+    g = torch.Generator().manual_seed(seed)
+    xs = [_bf16((m, hidden), g) for _ in range(tp)]
+    residual = _bf16((m, hc, hidden), g)
+    post = torch.rand((m, hc), generator=g) * 2
+    comb = torch.rand((m, hc, hc), generator=g)
+    pre = torch.rand((m, hc), generator=g)
+    norm_weight = _bf16((hidden,), g, specials=False)
+    inputs = dict(xs=xs, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
+    if top_k:
+        rows = gemm2_rows or max(1, m * top_k // 2)
+        inputs["gemm2s"] = [_bf16((rows, hidden), g) for _ in range(tp)]
+        inputs["weights"] = [torch.rand((m, top_k), generator=g) for _ in range(tp)]
+        idxs = [torch.randint(0, rows, (m, top_k), generator=g, dtype=torch.int32) for _ in range(tp)]
+        for idx in idxs:  # about a third of the routes live on another EP rank
+            idx[torch.rand((m, top_k), generator=g) < 0.33] = -1
+        inputs["idxs"] = idxs
+        inputs["shareds"] = [_bf16((m, hidden), g) for _ in range(tp)]
+    if zero_row:
+        for name, value in inputs.items():
+            if name in ("xs", "shareds"):
+                for t in value:
+                    t[0] = 0.0
+            elif name == "residual":
+                value[0] = 0.0
+            elif name == "idxs":
+                for t in value:
+                    t[0] = -1
+    return {k: ([t.to(device) for t in v] if isinstance(v, list) else v.to(device)) for k, v in inputs.items()}
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """Integer view of a tensor's storage, for exact comparison."""
+    return tensor.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[tensor.element_size()])
+
+
+def assert_same_bits(name: str, expected: torch.Tensor, actual: torch.Tensor) -> None:
+    expected, actual = expected.cpu(), actual.cpu()
+    if expected.shape != actual.shape:
+        raise AssertionError(f"{name}: shape {list(actual.shape)} != expected {list(expected.shape)}")
+    message = first_difference(name, expected, actual)
+    if message is not None:
+        raise AssertionError(message)
