@@ -72,17 +72,24 @@ class TritonKernels:
     def _compile_all(self) -> None:
         """Compile every kernel now, so no call (and no CUDA-graph capture) compiles."""
         for instance in self.plan.values():
-            args = [self._placeholder(kind) for kind in instance.signature.values()]
+            args = [self._placeholder(arg, kind) for arg, kind in instance.signature.items()]
             instance.fn.warmup(*args, grid=(1,), **instance.constexprs, num_warps=instance.num_warps,
                                enable_fp_fusion=False, launch_pdl=self.spec.use_pdl)
 
-    def _placeholder(self, kind: str):
+    def _placeholder(self, arg: str, kind: str):
+        """An argument of the kind a real launch passes (scalars typed as at run time)."""
         pointers = {"*i16": torch.int16, "*fp32": torch.float32, "*i32": torch.int32, "*u8": torch.uint8}
         if kind in pointers:
             return self._unused[pointers[kind]]
         if kind == "*i64":
             return self.workspace.ll.peers
-        return {"i64": 1 << 40, "i32": 2, "fp32": 1e-6}[kind]
+        if arg == "multicast_address":
+            return self.workspace.ll.multicast
+        if arg == "sums_multicast_address":
+            return self.workspace.bt_sums.multicast
+        if arg == "timeout_ns":
+            return self.spec.spin_timeout_ns
+        return {"i32": 2, "fp32": 1e-6}[kind]
 
     def _mailbox(self, protocol: str):
         return self.workspace.bt if protocol == "bt" else self.workspace.ll

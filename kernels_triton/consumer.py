@@ -71,7 +71,8 @@ def _store_mxfp8(layer, token, num_tokens, h, values_ptr, scales_ptr,
         row += num_tokens
 
 
-@triton.jit
+# Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
+@triton.jit(do_not_specialize=["eps", "num_tokens", "timeout_ns"])
 def consumer_kernel(
     mailbox_ptr,      # int16: LL [3][TP][CAPACITY][H] contributions, or BT [3][CAPACITY][H] sums
     residual_ptr,     # int16 [M, HC, H]

@@ -14,7 +14,8 @@ from . import lamport, ptx
 from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
 
 
-@triton.jit
+# Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
+@triton.jit(do_not_specialize=["sums_multicast_address", "num_tokens", "timeout_ns"])
 def owner_reduce_kernel(
     mailbox_ptr,      # int16 [3][TP][SLOTS][H]: this rank's BT mailbox
     sums_table_ptr,   # int64 [TP]: every rank's sums buffer [3][CAPACITY][H]

@@ -18,7 +18,8 @@ from . import lamport, ptx
 from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
 
 
-@triton.jit
+# Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
+@triton.jit(do_not_specialize=["multicast_address"])
 def publish_kernel(
     x_ptr,            # int16 [M, H]: the contribution, or (FINALIZE) the shared expert output
     gemm2_ptr,        # int16 [rows, H]  (FINALIZE)

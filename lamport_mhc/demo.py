@@ -12,8 +12,7 @@ import time
 
 import torch
 
-from . import reference
-from .testing import assert_same_bits, random_inputs
+from .testing import assert_outputs_match, expected_outputs, random_inputs
 
 EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps: the edge the contract must survive
 
@@ -23,29 +22,6 @@ def _cases(capacity: int, bt_min_rows: int):
     for variant in ("plain", "finalize", "quant", "residual"):
         for m in sizes:
             yield variant, m
-
-
-def _expected(inputs: dict, variant: str):
-    if variant == "finalize":
-        contributions = [reference.finalize_contribution(*args) for args in
-                         zip(inputs["gemm2s"], inputs["weights"], inputs["idxs"], inputs["shareds"])]
-    else:
-        contributions = inputs["xs"]
-    residual_only = variant == "residual"
-    return reference.all_reduce_mhc(contributions, inputs["residual"], inputs["post"], inputs["comb"],
-                                    None if residual_only else inputs["pre"],
-                                    None if residual_only else inputs["norm_weight"], EPS,
-                                    quantize=variant == "quant")
-
-
-def _check(outputs, expected) -> None:
-    (residual_out, layer_input, mxfp8), (ref_residual, ref_layer, ref_mxfp8) = outputs, expected
-    assert_same_bits("residual_out", ref_residual, residual_out)
-    if ref_layer is not None:
-        assert_same_bits("layer_input", ref_layer, layer_input)
-    if ref_mxfp8 is not None:
-        assert_same_bits("mxfp8 values", ref_mxfp8[0], mxfp8[0])
-        assert_same_bits("mxfp8 scales", ref_mxfp8[1], mxfp8[1])
 
 
 def _print_table(title: str, rows: list[tuple]) -> None:
@@ -78,10 +54,10 @@ def run_simulated(args) -> int:
         else:
             outputs = group.all_reduce_mhc(inputs["xs"], *consumer, mxfp8=variant == "quant")
         ms = (time.perf_counter() - start) * 1e3
-        expected = _expected(inputs, variant)
+        expected = expected_outputs(inputs, variant, EPS)
         try:
             for rank_outputs in outputs:
-                _check(rank_outputs, expected)
+                assert_outputs_match(rank_outputs, expected)
             verdict = "identical"
         except AssertionError as error:
             verdict, failures = f"DIFFER: {error}", failures + 1
@@ -129,10 +105,9 @@ def run_distributed(args) -> int:
         if cuda:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1e3
-        expected = _expected({k: ([t.cpu() for t in v] if isinstance(v, list) else v.cpu())
-                              for k, v in inputs.items()}, variant)
+        expected = expected_outputs(inputs, variant, EPS)
         try:
-            _check((residual_out, layer_input, mxfp8), expected)
+            assert_outputs_match((residual_out, layer_input, mxfp8), expected)
             verdict = "identical"
         except AssertionError as error:
             verdict = f"DIFFER: {error}"

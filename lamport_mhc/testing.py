@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from . import reference
 from .selector import first_difference
 
 
@@ -69,3 +70,32 @@ def assert_same_bits(name: str, expected: torch.Tensor, actual: torch.Tensor) ->
     message = first_difference(name, expected, actual)
     if message is not None:
         raise AssertionError(message)
+
+
+def expected_outputs(inputs: dict, variant: str, eps: float):
+    """The reference's (residual_out, layer_input, mxfp8) for ``random_inputs`` and a variant
+    ("plain", "finalize", "quant", "residual"), computed on the CPU."""
+    cpu = {k: ([t.cpu() for t in v] if isinstance(v, list) else v.cpu()) for k, v in inputs.items()}
+    if variant == "finalize":
+        contributions = [reference.finalize_contribution(*args) for args in
+                         zip(cpu["gemm2s"], cpu["weights"], cpu["idxs"], cpu["shareds"])]
+    else:
+        contributions = cpu["xs"]
+    residual_only = variant == "residual"
+    return reference.all_reduce_mhc(contributions, cpu["residual"], cpu["post"], cpu["comb"],
+                                    None if residual_only else cpu["pre"],
+                                    None if residual_only else cpu["norm_weight"], eps,
+                                    quantize=variant == "quant")
+
+
+def assert_outputs_match(outputs, expected) -> None:
+    """``outputs`` = (residual_out, layer_input, mxfp8 pair or None) against ``expected_outputs``."""
+    (residual_out, layer_input, mxfp8), (ref_residual, ref_layer, ref_mxfp8) = outputs, expected
+    assert_same_bits("residual_out", ref_residual, residual_out)
+    if ref_layer is not None:
+        assert_same_bits("layer_input", ref_layer, layer_input)
+    elif layer_input is not None:
+        raise AssertionError("layer_input returned by a residual-only call")
+    if ref_mxfp8 is not None:
+        assert_same_bits("mxfp8 values", ref_mxfp8[0], mxfp8[0])
+        assert_same_bits("mxfp8 scales", ref_mxfp8[1], mxfp8[1])

@@ -1,0 +1,74 @@
+"""Rank bodies shared by the GPU suites: build an op, run a variant on fresh inputs, check bits.
+
+Every rank rebuilds the whole group's inputs from the call's seed, so it checks its own outputs
+against the CPU reference with no extra communication; a body returns the failures it saw.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lamport_mhc import AllReduceMHC, AllReduceMHCConfig, mxfp8_scale_bytes
+from lamport_mhc.testing import assert_outputs_match, expected_outputs, random_inputs
+
+HC = 4
+TOP_K = 6
+EPS = 1e-20
+VARIANTS = ("plain", "finalize", "quant", "residual")
+
+
+def build(hidden: int, capacity: int, backend: str, bt_min_rows: int, **config) -> AllReduceMHC:
+    return AllReduceMHC(hidden, HC, capacity, TOP_K, torch.device("cuda", torch.cuda.current_device()),
+                        quantize_layer_input=hidden % 128 == 0, residual_only=True,
+                        config=AllReduceMHCConfig(backend=backend, transport="peer", bt_min_rows=bt_min_rows,
+                                                  bt_min_finalize_rows=bt_min_rows, **config))
+
+
+def poison_allocator(nbytes: int) -> None:
+    """Fill the caching allocator's free blocks with a pattern, so an output element a kernel
+    forgets to write shows up as a wrong bit instead of a stale right one."""
+    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xA5)
+
+
+def run_variant(op: AllReduceMHC, inputs: dict, variant: str, rank: int):
+    """One call of ``variant``; returns (residual_out, layer_input, mxfp8 pair or None)."""
+    device = inputs["residual"].device
+    m, hidden = inputs["residual"].shape[0], inputs["residual"].shape[2]
+    residual_only = variant == "residual"
+    consumer = (inputs["residual"], inputs["post"], inputs["comb"], None if residual_only else inputs["pre"],
+                None if residual_only else inputs["norm_weight"], EPS)
+    mxfp8 = None
+    if variant == "quant":
+        mxfp8 = (torch.full((m, hidden), 0xA5, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn),
+                 torch.full((mxfp8_scale_bytes(m, hidden),), 0xA5, dtype=torch.uint8, device=device))
+    if variant == "finalize":
+        out = op.finalize(inputs["gemm2s"][rank], inputs["weights"][rank], inputs["idxs"][rank],
+                          inputs["shareds"][rank], *consumer)
+    else:
+        out = op(inputs["xs"][rank], *consumer, mxfp8_out=mxfp8)
+    return out[0], out[1], mxfp8
+
+
+def check(op, tp, rank, m, hidden, variant, seed) -> str | None:
+    inputs = random_inputs(tp, m, hidden, HC, seed=seed, top_k=TOP_K, device="cuda")
+    poison_allocator(64 << 20)
+    outputs = run_variant(op, inputs, variant, rank)
+    try:
+        assert_outputs_match(outputs, expected_outputs(inputs, variant, EPS))
+    except AssertionError as error:
+        return f"{op.backend} {op.protocol(m, variant == 'finalize')} {variant} H={hidden} M={m}: {error}"
+    return None
+
+
+def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: list[int]) -> list[str]:
+    """Every variant over ``sizes``, once with LL only (no BT state) and once with BT from 1 row."""
+    failures = []
+    for bt_min_rows in (capacity + 1, 1):
+        op = build(hidden, capacity, backend, bt_min_rows)
+        for seed, m in enumerate(sizes):
+            for variant in VARIANTS:
+                failure = check(op, tp, rank, m, hidden, variant, seed=hash((hidden, m, variant)) % 10**6)
+                if failure:
+                    failures.append(failure)
+        torch.cuda.synchronize()
+    return failures
