@@ -31,7 +31,7 @@ class TritonBackend:
         if capability < MIN_CAPABILITY:
             return Support.no(f"compute capability {capability} is below sm_90 (PDL, multimem)")
         try:
-            import torch.distributed._symmetric_memory  # noqa: F401
+            from torch.distributed import _symmetric_memory  # noqa: F401
         except ImportError as error:
             return Support.no(f"torch symmetric memory is unavailable: {error}")
         for peer in range(torch.cuda.device_count()):
