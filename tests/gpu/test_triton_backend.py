@@ -22,7 +22,7 @@ def _sweep_body(rank, tp, hidden):
 @pytest.mark.parametrize("hidden", [4096, 5120, 7168])
 def test_bit_exact_sweep(hidden):
     require_gpus(2)
-    for failures in run_ranks(_sweep_body, 2, args=(hidden,), timeout_s=420):
+    for failures in run_ranks(_sweep_body, 2, args=(hidden,), timeout_s=240):
         assert failures == []
 
 
@@ -77,8 +77,31 @@ def _graph_body(rank, tp, calls, replays):
 
 def test_cuda_graph_replay():
     require_gpus(2)
-    for failures in run_ranks(_graph_body, 2, args=(100, 3), timeout_s=420):
+    for failures in run_ranks(_graph_body, 2, args=(100, 3), timeout_s=240):
         assert failures == []
+
+
+def _missing_peer_body(rank, tp):
+    import torch.distributed as dist
+
+    op = build(1024, 16, "triton", 17, spin_timeout_ms=200.0)
+    message = None
+    if rank == 0:  # rank 1 never publishes
+        inputs = random_inputs(tp, 4, 1024, HC, seed=0, top_k=TOP_K, device="cuda")
+        run_variant(op, inputs, "plain", rank)
+        torch.cuda.synchronize()
+        try:
+            op.check()
+        except RuntimeError as error:
+            message = str(error)
+    dist.barrier()
+    return message
+
+
+def test_spin_bound_reports_missing_peer():
+    require_gpus(2)
+    message = run_ranks(_missing_peer_body, 2, timeout_s=180)[0]
+    assert message is not None and "rank 1's contribution" in message and "spin timeout" in message
 
 
 def _soak_body(rank, tp, calls):
@@ -103,26 +126,3 @@ def test_soak_10000_calls():
     require_gpus(2)
     for protocols in run_ranks(_soak_body, 2, args=(10_000,), timeout_s=560):
         assert protocols == ["bt", "ll"]
-
-
-def _missing_peer_body(rank, tp):
-    import torch.distributed as dist
-
-    op = build(1024, 16, "triton", 17, spin_timeout_ms=200.0)
-    message = None
-    if rank == 0:  # rank 1 never publishes
-        inputs = random_inputs(tp, 4, 1024, HC, seed=0, top_k=TOP_K, device="cuda")
-        run_variant(op, inputs, "plain", rank)
-        torch.cuda.synchronize()
-        try:
-            op.check()
-        except RuntimeError as error:
-            message = str(error)
-    dist.barrier()
-    return message
-
-
-def test_spin_bound_reports_missing_peer():
-    require_gpus(2)
-    message = run_ranks(_missing_peer_body, 2, timeout_s=180)[0]
-    assert message is not None and "rank 1's contribution" in message and "spin timeout" in message
