@@ -1,6 +1,6 @@
 """Latency of the fused op against NCCL all-reduce + the same math in torch ops, inside CUDA graphs.
 
-    torchrun --nproc-per-node 2 bench/bench_fused.py --hidden 5120 --m 1 16 128 1024 4096
+    torchrun --nproc-per-node 2 bench/bench_fused.py --hidden 5120 --rows 1 16 128 1024 4096
 
 Each path runs ``--calls`` times in one graph; a replay's time / calls is one sample; the max over
 ranks of each replay is taken, then the median over ``--replays``. Results: one CSV row per path.
@@ -63,7 +63,7 @@ def time_graph(fn, calls: int, replays: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, default=5120)
-    parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 128, 1024, 4096])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 128, 1024, 4096])
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--replays", type=int, default=7)
     parser.add_argument("--backend", default="triton")
@@ -74,10 +74,10 @@ def main() -> int:
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl")
     tp, rank = dist.get_world_size(), dist.get_rank()
-    op = AllReduceMHC(args.hidden, HC, max(args.m), 1, torch.device("cuda", local_rank),
+    op = AllReduceMHC(args.hidden, HC, max(args.rows), 1, torch.device("cuda", local_rank),
                       config=AllReduceMHCConfig(backend=args.backend))
     rows = []
-    for m in args.m:
+    for m in args.rows:
         inputs = random_inputs(tp, m, args.hidden, HC, seed=m, device="cuda")
         x = inputs["xs"][rank]
         consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], 1e-6)
