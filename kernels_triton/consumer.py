@@ -62,13 +62,15 @@ def _store_mxfp8(layer, token, num_tokens, h, values_ptr, scales_ptr,
     tl.store(values_ptr + token * HIDDEN + h, codes.to(tl.uint8), mask=h < HIDDEN)
     cols = tl.arange(0, BLOCK_H // 32)
     tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
-    # Rows [M, roundup(M, 128)) of the last scale tile are zero, spread over the grid.
-    padded_rows = (num_tokens + 127) // 128 * 128
-    row = num_tokens + token
-    while row < padded_rows:
-        tl.store(scales_ptr + scale_offset(row, cols, PADDED_COLS), tl.zeros([BLOCK_H // 32], tl.uint8),
-                 mask=cols < COLS)
-        row += num_tokens
+    # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into
+    # one contiguous run per program.
+    padding = (num_tokens + 127) // 128 * 128 - num_tokens
+    run = (padding + num_tokens - 1) // num_tokens
+    offsets = tl.arange(0, 128)
+    rows = num_tokens + token * run + offsets
+    in_run = (offsets < run) & (rows < num_tokens + padding)
+    tl.store(scales_ptr + scale_offset(rows[:, None], cols[None, :], PADDED_COLS),
+             tl.zeros([128, BLOCK_H // 32], tl.uint8), mask=in_run[:, None] & (cols < COLS)[None, :])
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
