@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .testing import assert_outputs_match, expected_outputs, random_inputs
+from .testing import assert_outputs_match, call_simulated, expected_outputs, random_inputs
 
 EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps: the edge the contract must survive
 
@@ -44,15 +44,8 @@ def run_simulated(args) -> int:
         if variant == "quant" and hidden % 128:
             continue
         inputs = random_inputs(args.tp, m, hidden, args.hc, seed=seed, top_k=args.top_k)
-        residual_only = variant == "residual"
-        consumer = (inputs["residual"], inputs["post"], inputs["comb"], None if residual_only else inputs["pre"],
-                    None if residual_only else inputs["norm_weight"], EPS)
         start = time.perf_counter()
-        if variant == "finalize":
-            outputs = group.finalize(inputs["gemm2s"], inputs["weights"], inputs["idxs"], inputs["shareds"],
-                                     *consumer)
-        else:
-            outputs = group.all_reduce_mhc(inputs["xs"], *consumer, mxfp8=variant == "quant")
+        outputs = call_simulated(group, inputs, variant, EPS)
         ms = (time.perf_counter() - start) * 1e3
         expected = expected_outputs(inputs, variant, EPS)
         try:

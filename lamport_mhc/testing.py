@@ -99,3 +99,25 @@ def assert_outputs_match(outputs, expected) -> None:
     if ref_mxfp8 is not None:
         assert_same_bits("mxfp8 values", ref_mxfp8[0], mxfp8[0])
         assert_same_bits("mxfp8 scales", ref_mxfp8[1], mxfp8[1])
+
+
+def call_simulated(group, inputs: dict, variant: str, eps: float):
+    """One call of ``variant`` on a ``SimulatedGroup`` with ``random_inputs``; per-rank outputs."""
+    residual_only = variant == "residual"
+    consumer = (inputs["residual"], inputs["post"], inputs["comb"], None if residual_only else inputs["pre"],
+                None if residual_only else inputs["norm_weight"], eps)
+    if variant == "finalize":
+        return group.finalize(inputs["gemm2s"], inputs["weights"], inputs["idxs"], inputs["shareds"], *consumer)
+    return group.all_reduce_mhc(inputs["xs"], *consumer, mxfp8=variant == "quant")
+
+
+def check_simulated(group, inputs: dict, variant: str, eps: float):
+    """``call_simulated``, asserting every rank's outputs are the reference's bits; returns them."""
+    expected = expected_outputs(inputs, variant, eps)
+    outputs = call_simulated(group, inputs, variant, eps)
+    for rank, rank_outputs in enumerate(outputs):
+        try:
+            assert_outputs_match(rank_outputs, expected)
+        except AssertionError as error:
+            raise AssertionError(f"rank {rank}, {variant}, M={inputs['residual'].shape[0]}: {error}") from None
+    return outputs
