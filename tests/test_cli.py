@@ -1,0 +1,45 @@
+"""``python -m lamport_mhc {info,demo,ptx}`` as a user runs them."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "lamport_mhc", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_info_lists_backends_and_reasons():
+    result = _run("info")
+    assert result.returncode == 0, result.stderr
+    assert "triton  no: the Triton kernels need a CUDA device" in result.stdout
+    assert "torch   yes" in result.stdout and "LL -> BT from" in result.stdout
+
+
+def test_demo_runs_the_simulated_group_bit_exact():
+    result = _run("demo", "--tp", "3", "--hidden", "128", "--capacity", "5", "--top-k", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.split()[:1] and line.split()[0] in
+            ("plain", "finalize", "quant", "residual")]
+    assert len(rows) == 16 and all("identical" in row for row in rows)
+    assert {row.split()[2] for row in rows} == {"ll", "bt"}
+
+
+def test_ptx_writes_one_named_file_per_kernel(tmp_path):
+    result = _run("ptx", "--backend", "triton", "--arch", "sm_90a", "--tp", "2", "--hidden", "256", "--hc", "4",
+                  "--top-k", "2", "--capacity", "16", "--transport", "multicast", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 11
+    assert "triton_consumer_bt_quant_multicast_tp2_rank0_sm_90a.ptx" in names
+    assert "triton_owner_reduce_bt_multicast_tp2_rank0_sm_90a.ptx" in names
+    assert "multimem.st" in (tmp_path / "triton_publish_ll_multicast_tp2_rank0_sm_90a.ptx").read_text()
+
+
+def test_ptx_for_a_missing_backend_says_why(tmp_path):
+    result = _run("ptx", "--backend", "cute", "--tp", "2", "--hidden", "256", "--hc", "4", "--top-k", "2",
+                  "--capacity", "16", "--transport", "peer", "--out", str(tmp_path))
+    assert result.returncode == 2 and "cannot compile the cute backend" in result.stderr

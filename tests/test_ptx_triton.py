@@ -1,0 +1,85 @@
+"""Tier 2: every Triton kernel of peer and multicast builds compiles offline to sm_90a PTX, and the
+PTX shows what the protocol and the bit contract need."""
+
+import re
+
+import pytest
+
+from lamport_mhc.backend import BuildSpec
+from kernels_triton.offline import compile_ptx
+
+TP, H = 2, 1024
+
+
+@pytest.fixture(scope="module", params=["peer", "multicast"])
+def build(request):
+    spec = BuildSpec(hidden=H, hc=4, capacity=64, top_k=6, tp=TP, rank=1, quantize=True, residual_only=True,
+                     bt=True, transport=request.param)
+    return request.param, compile_ptx(spec, "sm_90a")
+
+
+def _ops(ptx: str, pattern: str) -> list[str]:
+    return re.findall(pattern, ptx)
+
+
+def test_every_kernel_is_built(build):
+    _, ptx = build
+    assert sorted(ptx) == sorted([
+        "publish_ll", "finalize_publish_ll", "publish_bt", "finalize_publish_bt", "owner_reduce_bt",
+        *(f"consumer_{p}_{v}" for p in ("ll", "bt") for v in ("plain", "quant", "residual"))])
+    for text in ptx.values():
+        assert ".target sm_90a" in text
+
+
+def test_multicast_stores_only_in_multicast_builds(build):
+    transport, ptx = build
+    for name, text in ptx.items():
+        multimem = _ops(text, r"multimem\.st\.[\w.]+")
+        # LL publishes and the BT owners' broadcast use multicast; BT publishes go to one owner.
+        expected = transport == "multicast" and name in ("publish_ll", "finalize_publish_ll", "owner_reduce_bt")
+        assert bool(multimem) == expected, name
+        if multimem:
+            assert set(multimem) == {"multimem.st.relaxed.sys.global.v4.f32"}
+
+
+def test_peer_stores_are_16_bytes(build):
+    transport, ptx = build
+    for name in ("publish_bt", "finalize_publish_bt") + (("publish_ll", "finalize_publish_ll", "owner_reduce_bt")
+                                                          if transport == "peer" else ()):
+        text = ptx[name]
+        assert _ops(text, r"st\.global\.v4\.b32"), name
+        # one 16-byte store per fragment and destination: no narrower data stores besides the state word
+        assert not _ops(text, r"st\.global\.b16|st\.global\.b8"), name
+
+
+def test_spin_loops_poll_16_bytes_volatile(build):
+    _, ptx = build
+    for name, text in ptx.items():
+        if name.startswith(("consumer", "owner_reduce")):
+            assert _ops(text, r"ld\.volatile\.global\.v4\.b32"), name
+            assert not _ops(text, r"ld\.volatile\.global\.b16"), name
+
+
+def test_contract_rounding(build):
+    _, ptx = build
+    for name, text in ptx.items():
+        assert not _ops(text, r"rsqrt\.approx|sqrt\.approx|div\.full|div\.approx|ex2\.approx|\.ftz\."), name
+        if name.startswith("consumer") and not name.endswith("residual"):
+            for op in ("fma.rn.f32", "sqrt.rn.f32", "div.rn.f32", "mul.rn.f32", "add.rn.f32"):
+                assert op in text, f"{name} lacks {op}"
+        if name.startswith("finalize_publish"):
+            assert "fma.rn.f32" in text and "add.rn.f32" in text, name
+        if name.startswith(("publish", "owner_reduce")):
+            assert "fma.rn.f32" not in text, f"{name}: contraction where the contract has none"
+
+
+def test_pdl(build):
+    _, ptx = build
+    for name, text in ptx.items():
+        assert "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text, name
+
+
+def test_no_pdl_build_has_no_griddepcontrol():
+    spec = BuildSpec(hidden=256, hc=4, capacity=8, top_k=2, tp=2, rank=0, use_pdl=False)
+    for name, text in compile_ptx(spec).items():
+        assert "griddepcontrol" not in text, name
