@@ -69,6 +69,6 @@ def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: l
             for variant in VARIANTS:
                 failure = check(op, tp, rank, m, hidden, variant, seed=hidden * 10_000 + m * 10 + VARIANTS.index(variant))
                 if failure:
-                    failures.append(failure)
+                    failures.append(f"rank {rank}: {failure}")
         torch.cuda.synchronize()
     return failures

@@ -22,8 +22,9 @@ def _sweep_body(rank, tp, hidden):
 @pytest.mark.parametrize("hidden", [4096, 5120, 7168])
 def test_bit_exact_sweep(hidden):
     require_gpus(2)
-    for failures in run_ranks(_sweep_body, 2, args=(hidden,), timeout_s=240):
-        assert failures == []
+    failures = [f for rank_failures in run_ranks(_sweep_body, 2, args=(hidden,), timeout_s=240)
+                for f in rank_failures]
+    assert not failures, f"{len(failures)} wrong calls:\n" + "\n".join(failures)
 
 
 def _capacity_body(rank, tp):
