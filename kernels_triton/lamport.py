@@ -69,6 +69,18 @@ def peer_pointer(table_ptr, rank):
 
 
 @triton.jit
+def broadcast(values, offset, peer_table_ptr, multicast_address, TP: tl.constexpr, BLOCK: tl.constexpr,
+              MULTICAST: tl.constexpr):
+    """Store a contiguous run of BLOCK values at element ``offset`` of every rank's copy of a
+    buffer: once through its multicast mapping, or once per rank through the peer-address table."""
+    if MULTICAST:
+        store_multicast(multicast_address, offset, values, BLOCK)
+    else:
+        for peer in tl.static_range(TP):
+            tl.store(peer_pointer(peer_table_ptr, peer) + offset + tl.arange(0, BLOCK), values)
+
+
+@triton.jit
 def store_multicast(address, offsets, values, BLOCK: tl.constexpr):
     """``multimem.st`` of a contiguous run of BLOCK bf16 (as int16) values starting at element
     ``offsets`` (scalar) of the multicast mapping at ``address``: 16 bytes per store."""

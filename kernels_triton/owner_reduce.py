@@ -45,12 +45,7 @@ def owner_reduce_kernel(
             acc = acc + bf16_to_f32(values)
         reduced = canonical_zero(f32_to_bf16(acc))
         offset = (gen * CAPACITY + token) * HIDDEN + chunk * BLOCK
-        if MULTICAST:
-            lamport.store_multicast(sums_multicast_address, offset, reduced, BLOCK)
-        else:
-            for peer in tl.static_range(TP):
-                destination = lamport.peer_pointer(sums_table_ptr, peer)
-                tl.store(destination + offset + tl.arange(0, BLOCK), reduced)
+        lamport.broadcast(reduced, offset, sums_table_ptr, sums_multicast_address, TP, BLOCK, MULTICAST)
         for source in tl.static_range(TP):
             lamport.rearm(mailbox_ptr + ((gen * TP + source) * SLOTS + local) * HIDDEN + h, in_row)
 

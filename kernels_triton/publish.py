@@ -60,12 +60,7 @@ def publish_kernel(
         tl.store(owner + slot + h, contribution)
     else:
         slot = ((gen * TP + RANK) * SLOTS + token) * HIDDEN + chunk * BLOCK
-        if MULTICAST:
-            lamport.store_multicast(multicast_address, slot, contribution, BLOCK)
-        else:
-            for peer in tl.static_range(TP):
-                destination = lamport.peer_pointer(peer_table_ptr, peer)
-                tl.store(destination + slot + tl.arange(0, BLOCK), contribution)
+        lamport.broadcast(contribution, slot, peer_table_ptr, multicast_address, TP, BLOCK, MULTICAST)
 
     if (token == 0) & (chunk == 0):
         tl.store(state_ptr + lamport.STATE_ACTIVE, generation)
