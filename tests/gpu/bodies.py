@@ -65,7 +65,7 @@ def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: l
     failures = []
     for bt_min_rows in (capacity + 1, 1):
         op = build(hidden, capacity, backend, bt_min_rows)
-        for seed, m in enumerate(sizes):
+        for m in sizes:
             for variant in VARIANTS:
                 failure = check(op, tp, rank, m, hidden, variant, seed=hidden * 10_000 + m * 10 + VARIANTS.index(variant))
                 if failure:

@@ -47,13 +47,13 @@ def _graph_body(rank, tp, calls, replays):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up, identical on every rank
-        for (m, variant), inputs in zip(plan, static):
+        for (_, variant), inputs in zip(plan, static):
             run_variant(op, inputs, variant, rank)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outputs = [run_variant(op, inputs, variant, rank) for (m, variant), inputs in zip(plan, static)]
+        outputs = [run_variant(op, inputs, variant, rank) for (_, variant), inputs in zip(plan, static)]
     failures = []
     for replay in range(replays):
         for i, ((m, variant), inputs) in enumerate(zip(plan, static)):
