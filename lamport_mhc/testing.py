@@ -19,7 +19,7 @@ def _bf16(shape, generator, scale=1.0, specials=True) -> torch.Tensor:
         flat = values.view(-1)
         # Distinct positions: with repeated ones, which special value lands would depend on the
         # order of a (multi-threaded) scatter, and ranks rebuilding each other's inputs would disagree.
-        picks = torch.randperm(flat.numel(), generator=generator)[:max(4, flat.numel() // 64)]
+        picks = torch.randint(0, flat.numel(), (max(4, flat.numel() // 64),), generator=generator).unique()
         kinds = torch.randint(0, 4, picks.shape, generator=generator)
         special = torch.tensor([-0.0, 3e-39, -2.5e38, -1e-40])  # -0, subnormal, huge, smallest subnormal
         flat[picks] = special[kinds]
