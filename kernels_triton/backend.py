@@ -89,7 +89,13 @@ class TritonKernels:
             return self.workspace.bt_sums.multicast
         if arg == "timeout_ns":
             return self.spec.spin_timeout_ns
+        if arg in ("slots", "capacity"):
+            return self.spec.capacity
         return {"i32": 2, "fp32": 1e-6}[kind]
+
+    def _slots(self, protocol: str) -> int:
+        """Tokens per [generation][source] of the protocol's contribution mailbox."""
+        return self.spec.owner_capacity if protocol == "bt" else self.spec.capacity
 
     def _mailbox(self, protocol: str):
         return self.workspace.bt if protocol == "bt" else self.workspace.ll
@@ -100,19 +106,20 @@ class TritonKernels:
         grid = (x.shape[0], self.spec.hidden // chunk_width(self.spec.hidden))
         self._launch(f"publish_{protocol}", grid, x.view(torch.int16), self._unused[torch.int16],
                      self._unused[torch.float32], self._unused[torch.int32], self.workspace.state(protocol),
-                     mailbox.peers, mailbox.multicast)
+                     mailbox.peers, mailbox.multicast, self._slots(protocol))
 
     def finalize_publish(self, protocol: str, gemm2, weights, indices, shared) -> None:
         mailbox = self._mailbox(protocol)
         grid = (shared.shape[0], self.spec.hidden // chunk_width(self.spec.hidden))
         self._launch(f"finalize_publish_{protocol}", grid, shared.view(torch.int16), gemm2.view(torch.int16),
-                     weights, indices, self.workspace.state(protocol), mailbox.peers, mailbox.multicast)
+                     weights, indices, self.workspace.state(protocol), mailbox.peers, mailbox.multicast,
+                     self._slots(protocol))
 
     def owner_reduce(self, m: int) -> None:
         ws, spec = self.workspace, self.spec
         grid = (max(1, -(-m // spec.tp)), spec.hidden // chunk_width(spec.hidden))
         self._launch("owner_reduce_bt", grid, ws.bt.local, ws.bt_sums.peers, ws.bt_sums.multicast,
-                     ws.bt_state, ws.error, m, self.spec.spin_timeout_ns)
+                     ws.bt_state, ws.error, m, self.spec.spin_timeout_ns, spec.owner_capacity, spec.capacity)
 
     def consume(self, protocol: str, args: ConsumerArgs) -> None:
         ws = self.workspace
@@ -127,4 +134,4 @@ class TritonKernels:
             i16 if residual_only else args.layer_input.view(torch.int16),
             u8 if args.mxfp8_values is None else args.mxfp8_values.view(torch.uint8),
             u8 if args.mxfp8_scales is None else args.mxfp8_scales, ws.state(protocol), ws.error,
-            float(args.norm_eps), m, self.spec.spin_timeout_ns)
+            float(args.norm_eps), m, self.spec.spin_timeout_ns, self.spec.capacity)

@@ -23,22 +23,22 @@ PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
-def _reduced_row(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation,
-                 TP: tl.constexpr, CAPACITY: tl.constexpr, HIDDEN: tl.constexpr,
+def _reduced_row(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity,
+                 TP: tl.constexpr, HIDDEN: tl.constexpr,
                  REDUCED: tl.constexpr, ON_GPU: tl.constexpr):
     """bf16 bits of the all-reduced row, once every source has landed; re-arms what it read."""
     if REDUCED:
-        slot = mailbox_ptr + (gen * CAPACITY + token) * HIDDEN + h
+        slot = mailbox_ptr + (gen * capacity + token) * HIDDEN + h
         reduced = lamport.poll(slot, in_row, timeout_ns, error_ptr, -1, generation, token, ON_GPU)
         lamport.rearm(slot, in_row)
     else:
         acc = tl.zeros(h.shape, tl.float32)
         for source in tl.static_range(TP):
-            slot = mailbox_ptr + ((gen * TP + source) * CAPACITY + token) * HIDDEN + h
+            slot = mailbox_ptr + ((gen * TP + source) * capacity + token) * HIDDEN + h
             values = lamport.poll(slot, in_row, timeout_ns, error_ptr, source, generation, token, ON_GPU)
             acc = acc + bf16_to_f32(values)
         for source in tl.static_range(TP):
-            lamport.rearm(mailbox_ptr + ((gen * TP + source) * CAPACITY + token) * HIDDEN + h, in_row)
+            lamport.rearm(mailbox_ptr + ((gen * TP + source) * capacity + token) * HIDDEN + h, in_row)
         reduced = canonical_zero(f32_to_bf16(acc))
     return reduced
 
@@ -74,9 +74,9 @@ def _store_mxfp8(layer, token, num_tokens, h, values_ptr, scales_ptr,
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
-@triton.jit(do_not_specialize=["eps", "num_tokens", "timeout_ns"])
+@triton.jit(do_not_specialize=["eps", "num_tokens", "timeout_ns", "capacity"])
 def consumer_kernel(
-    mailbox_ptr,      # int16: LL [3][TP][CAPACITY][H] contributions, or BT [3][CAPACITY][H] sums
+    mailbox_ptr,      # int16: LL [3][TP][capacity][H] contributions, or BT [3][capacity][H] sums
     residual_ptr,     # int16 [M, HC, H]
     post_ptr,         # fp32 [M, HC]
     comb_ptr,         # fp32 [M, HC (source), HC (target)]
@@ -91,7 +91,8 @@ def consumer_kernel(
     eps,              # fp32
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever
-    HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, CAPACITY: tl.constexpr,
+    capacity,         # max_num_tokens of the build
+    HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HC: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -111,7 +112,7 @@ def consumer_kernel(
     ptx.grid_dependency_wait(USE_PDL, ON_GPU)
     generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
     reduced = _reduced_row(mailbox_ptr, generation.to(tl.int64), token, h, in_row, timeout_ns,
-                           error_ptr, generation, TP, CAPACITY, HIDDEN, REDUCED, ON_GPU)
+                           error_ptr, generation, capacity, TP, HIDDEN, REDUCED, ON_GPU)
     if not REDUCED:
         if token == 0:
             lamport.advance_generation(state_ptr, generation)

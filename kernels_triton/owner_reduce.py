@@ -15,17 +15,18 @@ from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
-@triton.jit(do_not_specialize=["sums_multicast_address", "num_tokens", "timeout_ns"])
+@triton.jit(do_not_specialize=["sums_multicast_address", "num_tokens", "timeout_ns", "slots", "capacity"])
 def owner_reduce_kernel(
-    mailbox_ptr,      # int16 [3][TP][SLOTS][H]: this rank's BT mailbox
-    sums_table_ptr,   # int64 [TP]: every rank's sums buffer [3][CAPACITY][H]
+    mailbox_ptr,      # int16 [3][TP][slots][H]: this rank's BT mailbox
+    sums_table_ptr,   # int64 [TP]: every rank's sums buffer [3][capacity][H]
     sums_multicast_address,  # int64 (MULTICAST)
     state_ptr,        # int32 [2]: BT [next, active]
     error_ptr,        # int32 [4]
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever
-    HIDDEN: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, SLOTS: tl.constexpr,
-    CAPACITY: tl.constexpr, BLOCK: tl.constexpr, MULTICAST: tl.constexpr,
+    slots,            # ceil(capacity / TP)
+    capacity,
+    HIDDEN: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr, MULTICAST: tl.constexpr,
     ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     local = tl.program_id(0).to(tl.int64)
@@ -40,14 +41,14 @@ def owner_reduce_kernel(
     if token < num_tokens:
         acc = tl.zeros([BLOCK], tl.float32)
         for source in tl.static_range(TP):
-            slot = mailbox_ptr + ((gen * TP + source) * SLOTS + local) * HIDDEN + h
+            slot = mailbox_ptr + ((gen * TP + source) * slots + local) * HIDDEN + h
             values = lamport.poll(slot, in_row, timeout_ns, error_ptr, source, generation, token, ON_GPU)
             acc = acc + bf16_to_f32(values)
         reduced = canonical_zero(f32_to_bf16(acc))
-        offset = (gen * CAPACITY + token) * HIDDEN + chunk * BLOCK
+        offset = (gen * capacity + token) * HIDDEN + chunk * BLOCK
         lamport.broadcast(reduced, offset, sums_table_ptr, sums_multicast_address, TP, BLOCK, MULTICAST)
         for source in tl.static_range(TP):
-            lamport.rearm(mailbox_ptr + ((gen * TP + source) * SLOTS + local) * HIDDEN + h, in_row)
+            lamport.rearm(mailbox_ptr + ((gen * TP + source) * slots + local) * HIDDEN + h, in_row)
 
     if (local == 0) & (chunk == 0):
         lamport.advance_generation(state_ptr, generation)

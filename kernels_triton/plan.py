@@ -15,13 +15,15 @@ from .publish import publish_kernel
 VARIANT_CODES = {"plain": PLAIN.value, "quant": QUANT.value, "residual": RESIDUAL_ONLY.value}
 
 PUBLISH_SIGNATURE = {"x_ptr": "*i16", "gemm2_ptr": "*i16", "weights_ptr": "*fp32", "indices_ptr": "*i32",
-                     "state_ptr": "*i32", "peer_table_ptr": "*i64", "multicast_address": "i64"}
+                     "state_ptr": "*i32", "peer_table_ptr": "*i64", "multicast_address": "i64", "slots": "i32"}
 OWNER_REDUCE_SIGNATURE = {"mailbox_ptr": "*i16", "sums_table_ptr": "*i64", "sums_multicast_address": "i64",
-                          "state_ptr": "*i32", "error_ptr": "*i32", "num_tokens": "i32", "timeout_ns": "i64"}
+                          "state_ptr": "*i32", "error_ptr": "*i32", "num_tokens": "i32", "timeout_ns": "i64",
+                          "slots": "i32", "capacity": "i32"}
 CONSUMER_SIGNATURE = {"mailbox_ptr": "*i16", "residual_ptr": "*i16", "post_ptr": "*fp32", "comb_ptr": "*fp32",
                       "pre_ptr": "*fp32", "gamma_ptr": "*i16", "residual_out_ptr": "*i16",
                       "layer_out_ptr": "*i16", "values_ptr": "*u8", "scales_ptr": "*u8", "state_ptr": "*i32",
-                      "error_ptr": "*i32", "eps": "fp32", "num_tokens": "i32", "timeout_ns": "i64"}
+                      "error_ptr": "*i32", "eps": "fp32", "num_tokens": "i32", "timeout_ns": "i64",
+                      "capacity": "i32"}
 
 
 def _pow2_at_least(n: int) -> int:
@@ -58,17 +60,16 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
         for finalize in (False, True):
             name = f"{'finalize_' if finalize else ''}publish_{protocol}"
             plan[name] = KernelInstance(name, publish_kernel, dict(
-                common, RANK=spec.rank, SLOTS=spec.owner_capacity if bt else spec.capacity,
-                TOP_K=spec.top_k, BLOCK=block, FINALIZE=finalize, BT=bt, MULTICAST=multicast and not bt),
+                common, RANK=spec.rank, TOP_K=spec.top_k, BLOCK=block, FINALIZE=finalize, BT=bt, MULTICAST=multicast and not bt),
                 PUBLISH_SIGNATURE, 4)
         if bt:
             plan["owner_reduce_bt"] = KernelInstance("owner_reduce_bt", owner_reduce_kernel, dict(
-                common, RANK=spec.rank, SLOTS=spec.owner_capacity, CAPACITY=spec.capacity, BLOCK=block,
+                common, RANK=spec.rank, BLOCK=block,
                 MULTICAST=multicast), OWNER_REDUCE_SIGNATURE, 4)
         block_h = _pow2_at_least(spec.hidden)
         for variant in spec.variants:
             name = f"consumer_{protocol}_{variant}"
             plan[name] = KernelInstance(name, consumer_kernel, dict(
-                common, HC=spec.hc, CAPACITY=spec.capacity, BLOCK_H=block_h, BLOCK_HC=_pow2_at_least(spec.hc),
+                common, HC=spec.hc, BLOCK_H=block_h, BLOCK_HC=_pow2_at_least(spec.hc),
                 REDUCED=bt, VARIANT=VARIANT_CODES[variant]), CONSUMER_SIGNATURE, consumer_warps(block_h))
     return plan

@@ -19,7 +19,7 @@ from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
-@triton.jit(do_not_specialize=["multicast_address"])
+@triton.jit(do_not_specialize=["multicast_address", "slots"])
 def publish_kernel(
     x_ptr,            # int16 [M, H]: the contribution, or (FINALIZE) the shared expert output
     gemm2_ptr,        # int16 [rows, H]  (FINALIZE)
@@ -28,7 +28,8 @@ def publish_kernel(
     state_ptr,        # int32 [2]: this protocol's [next, active]
     peer_table_ptr,   # int64 [TP]: every rank's mailbox address
     multicast_address,  # int64: the mailbox's multicast address (LL with MULTICAST)
-    HIDDEN: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, SLOTS: tl.constexpr,
+    slots,            # tokens per [gen][rank] of the mailbox: capacity (LL), ceil(capacity / TP) (BT)
+    HIDDEN: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK: tl.constexpr, FINALIZE: tl.constexpr, BT: tl.constexpr,
     MULTICAST: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -55,11 +56,11 @@ def publish_kernel(
     generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
     gen = generation.to(tl.int64)
     if BT:
-        slot = ((gen * TP + RANK) * SLOTS + token // TP) * HIDDEN
+        slot = ((gen * TP + RANK) * slots + token // TP) * HIDDEN
         owner = lamport.peer_pointer(peer_table_ptr, token % TP)
         tl.store(owner + slot + h, contribution)
     else:
-        slot = ((gen * TP + RANK) * SLOTS + token) * HIDDEN + chunk * BLOCK
+        slot = ((gen * TP + RANK) * slots + token) * HIDDEN + chunk * BLOCK
         lamport.broadcast(contribution, slot, peer_table_ptr, multicast_address, TP, BLOCK, MULTICAST)
 
     if (token == 0) & (chunk == 0):
