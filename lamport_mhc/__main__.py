@@ -55,6 +55,11 @@ def _ptx(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    from .bench import main as bench_main
+    return bench_main(args.rest)
+
+
 def _demo(args) -> int:
     from .demo import run
     return run(args)
@@ -81,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--backend", default="auto")
     demo.set_defaults(run=_demo)
 
+    bench = commands.add_parser("bench", help="latency of every path at every M (under torchrun, one process per "
+                                              "GPU); options: python -m lamport_mhc bench --help", add_help=False)
+    bench.set_defaults(run=lambda args: _bench(args))
+
     ptx = commands.add_parser("ptx", help="compile every kernel of a build offline and write one .ptx per kernel")
     ptx.add_argument("--backend", choices=("triton", "cute"), required=True)
     ptx.add_argument("--arch", default="sm_90a")
@@ -96,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     ptx.add_argument("--out", required=True)
     ptx.set_defaults(run=_ptx)
 
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command != "bench" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
     return args.run(args)
 
 

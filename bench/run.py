@@ -1,0 +1,8 @@
+"""torchrun --nproc-per-node 2 bench/run.py [--hidden 5120] [--rows 1 16 128] ... (see lamport_mhc.bench)."""
+
+import sys
+
+from lamport_mhc.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main())
