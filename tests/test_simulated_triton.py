@@ -98,3 +98,12 @@ def test_torch_backend_in_the_simulated_group_matches_triton():
         b = call_simulated(torch_group, inputs, variant, EPS)
         for rank in range(3):
             assert_outputs_match(a[rank], (b[rank][0], b[rank][1], b[rank][2]))
+
+
+@pytest.mark.parametrize("hc", [1, 3, 6])
+def test_other_stream_counts(hc):
+    """hc need not be a power of two: the streams are padded and masked in the kernels."""
+    group = SimulatedGroup(2, hidden_size=128, hc_mult=hc, max_num_tokens=5, top_k=2, quantize_layer_input=True,
+                           residual_only=True, bt_min_rows=3, bt_min_finalize_rows=3)
+    for m, variant in ((1, "plain"), (5, "finalize"), (2, "quant"), (4, "residual")):
+        check_simulated(group, random_inputs(2, m, 128, hc, seed=m, top_k=2), variant, EPS)
