@@ -93,6 +93,18 @@ def allocate_host_group(specs: list[BuildSpec]) -> list[Workspace]:
     return workspaces
 
 
+def resolve_transport(requested: str, multicast_addresses: list[int], environment_allows: bool) -> str:
+    """"peer" or "multicast" for a build: multicast only where every buffer it would write has a
+    16-byte aligned multicast address and the environment does not disable it."""
+    available = environment_allows and all(a and a % 16 == 0 for a in multicast_addresses)
+    if requested == "auto":
+        return "multicast" if available else "peer"
+    if requested == "multicast" and not available:
+        raise RuntimeError("transport='multicast' but the symmetric-memory handles have no usable multicast "
+                           "address here (or TORCH_SYMM_MEM_DISABLE_MULTICAST is set); use 'peer' or 'auto'")
+    return requested
+
+
 def allocate(spec: BuildSpec, group, device: torch.device, transport: str) -> Workspace:
     """Symmetric-memory workspace of this rank (collective over ``group``; ends in a barrier).
 
@@ -121,13 +133,8 @@ def allocate(spec: BuildSpec, group, device: torch.device, transport: str) -> Wo
                                   multicast=multicast)
 
     # LL publishes and BT owners broadcast by multicast; BT publishes are always unicast to owners.
-    multicast_targets = [mailboxes[name] for name in ("ll", "bt_sums") if name in mailboxes]
-    available = all(m.multicast and m.multicast % 16 == 0 for m in multicast_targets) and multicast_allowed()
-    if transport == "auto":
-        transport = "multicast" if available else "peer"
-    elif transport == "multicast" and not available:
-        raise RuntimeError("transport='multicast' but the symmetric-memory handles have no usable multicast "
-                           "address here (or TORCH_SYMM_MEM_DISABLE_MULTICAST is set); use 'peer' or 'auto'")
+    addresses = [mailboxes[name].multicast for name in ("ll", "bt_sums") if name in mailboxes]
+    transport = resolve_transport(transport, addresses, multicast_allowed())
     if transport == "peer":
         for m in mailboxes.values():
             m.multicast = 0
