@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from .workspace import Workspace
 
 PROTOCOLS = ("ll", "bt")
-VARIANTS = ("plain", "quant", "residual")
 TRANSPORTS = ("peer", "multicast")
 
 

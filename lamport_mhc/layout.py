@@ -8,9 +8,8 @@ them the same way, so they live here rather than in any one backend.
 # and the slot of call N is re-armed (sentinel refilled) before call N+3 reuses it.
 GENERATIONS = 3
 
-# Lamport sentinel: bf16 negative zero. Contributions are canonicalized (-0.0 -> +0.0) before they
-# are published, so a slot holding this bit pattern has not been written yet.
-SENTINEL_BITS = 0x8000
+# Lamport sentinel: bf16 negative zero (0x8000, as int16). Contributions are canonicalized
+# (-0.0 -> +0.0) before they are published, so a slot holding this bit pattern has not been written yet.
 SENTINEL_INT16 = -32768
 
 # Generation state: int32 [2] per protocol in device memory, advanced by the kernels.
