@@ -55,6 +55,13 @@ def _ptx(args) -> int:
     return 0
 
 
+def _presets(args) -> int:
+    from .presets import suggest
+    for line in suggest(args.csv, args.family):
+        print(line)
+    return 0
+
+
 def _bench(args) -> int:
     from .bench import main as bench_main
     return bench_main(args.rest)
@@ -89,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     bench = commands.add_parser("bench", help="latency of every path at every M (under torchrun, one process per "
                                               "GPU); options: python -m lamport_mhc bench --help", add_help=False)
     bench.set_defaults(run=lambda args: _bench(args))
+
+    suggest = commands.add_parser("presets", help="preset rows (LL -> BT thresholds) derived from a bench CSV")
+    suggest.add_argument("csv")
+    suggest.add_argument("--family", default="hopper", help="GPU family the CSV was measured on")
+    suggest.set_defaults(run=_presets)
 
     ptx = commands.add_parser("ptx", help="compile every kernel of a build offline and write one .ptx per kernel")
     ptx.add_argument("--backend", choices=("triton", "cute"), required=True)

@@ -42,3 +42,24 @@ def test_method_minimums_are_enforced():
     with pytest.raises(SystemExit):
         parse_args(["--calls", "10"])
     assert parse_args(["--hidden", "5120", "--rows", "1", "16"]).rows == [1, 16]
+
+
+def test_crossover_is_where_bt_stays_ahead(tmp_path):
+    from lamport_mhc.presets import crossover, suggest
+
+    def rows(variant, ll, bt):
+        return [dict(tp=2, hidden=5120, variant=variant, m=m, path=p, us_median=us)
+                for p, series in (("triton-ll", ll), ("triton-bt", bt)) for m, us in series.items()]
+
+    # BT wins once at 16 by noise, loses at 32, then wins from 64 on: the threshold is 64.
+    data = rows("plain", {1: 10, 16: 12, 32: 14, 64: 30, 128: 60}, {1: 14, 16: 11, 32: 15, 64: 20, 128: 30})
+    assert crossover(data, 5120, "plain") == 64
+    assert crossover(rows("finalize", {1: 10, 64: 20}, {1: 12, 64: 25}), 5120, "finalize") is None
+    path = tmp_path / "r.csv"
+    with open(path, "w", newline="") as f:
+        import csv
+        writer = csv.DictWriter(f, fieldnames=["tp", "hidden", "variant", "m", "path", "us_median"])
+        writer.writeheader()
+        writer.writerows(data)
+    (line,) = suggest(str(path), "hopper")
+    assert '("hopper", 2, 5120): Preset(bt_min_rows=64, bt_min_finalize_rows=1073741824' in line
