@@ -49,8 +49,7 @@ class AllReduceMHC:
         self.spec = BuildSpec(
             hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=rank,
             quantize=quantize_layer_input, residual_only=residual_only,
-            # A build whose capacity is below both thresholds allocates no BT state.
-            bt=min(self.thresholds.bt_min_rows, self.thresholds.bt_min_finalize_rows) <= max_num_tokens,
+            bt=self.thresholds.bt_reachable(max_num_tokens),
             use_pdl=self.config.use_pdl, spin_timeout_ns=self.config.spin_timeout_ns)
 
         self.backend = self._agree_on_backend(self.config.backend)

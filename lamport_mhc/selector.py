@@ -15,6 +15,10 @@ class Thresholds:
     bt_min_rows: int
     bt_min_finalize_rows: int
 
+    def bt_reachable(self, capacity: int) -> bool:
+        """Whether a build of this capacity ever takes BT (else it allocates no BT state)."""
+        return min(self.bt_min_rows, self.bt_min_finalize_rows) <= capacity
+
 
 def choose_protocol(kind: str, m: int, thresholds: Thresholds, bt_built: bool) -> str:
     """BT from the threshold of the call's kind on (when the build has BT state), else LL."""

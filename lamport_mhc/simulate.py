@@ -43,8 +43,7 @@ class SimulatedGroup:
         self.device = torch.device("cpu")
         self.specs = [BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp,
                                 rank=rank, quantize=quantize_layer_input, residual_only=residual_only,
-                                bt=min(self.thresholds.bt_min_rows, self.thresholds.bt_min_finalize_rows)
-                                <= max_num_tokens)
+                                bt=self.thresholds.bt_reachable(max_num_tokens))
                       for rank in range(tp)]
         self.workspaces = allocate_host_group(self.specs)
         if backend == "torch":
