@@ -114,12 +114,19 @@ def measure_ceilings(group, device, nbytes: int = 1 << 28) -> Ceilings:
 
 # -- unfused paths -----------------------------------------------------------------------------------
 def mhc_tail(reduced, residual, post, comb, pre, weight, eps: float):
-    """The mHC post-mix, collapse and RMSNorm as an engine writes them: fp32 broadcasts, bf16 at the
-    boundaries (compile it with torch.compile)."""
-    mixed = reduced.float().unsqueeze(1) * post.unsqueeze(-1) + (residual.float().unsqueeze(2)
-                                                                 * comb.unsqueeze(-1)).sum(1)
+    """The mHC post-mix, collapse and RMSNorm as a careful engine writes them for torch.compile: fp32
+    math, bf16 at the boundaries, the hc x hc mix unrolled into broadcasts (a [M, hc, hc, H]
+    intermediate reduced over a middle axis compiles into a slow reduction kernel)."""
+    hc = residual.shape[1]
+    streams = residual.float()
+    mixed = reduced.float().unsqueeze(1) * post.unsqueeze(-1)
+    for j in range(hc):  # stream j feeds every output stream i with comb[:, j, i]
+        mixed = mixed + streams[:, j].unsqueeze(1) * comb[:, j].unsqueeze(-1)
     residual_out = mixed.to(torch.bfloat16)
-    prenorm = (residual_out.float() * pre.unsqueeze(-1)).sum(1).to(torch.bfloat16).float()
+    collapsed = residual_out[:, 0].float() * pre[:, 0:1]
+    for i in range(1, hc):
+        collapsed = collapsed + residual_out[:, i].float() * pre[:, i:i + 1]
+    prenorm = collapsed.to(torch.bfloat16).float()
     inv = torch.rsqrt(prenorm.square().mean(-1, keepdim=True) + eps)
     return residual_out, (prenorm * inv * weight.float()).to(torch.bfloat16)
 

@@ -74,19 +74,20 @@ def assert_same_bits(name: str, expected: torch.Tensor, actual: torch.Tensor) ->
         raise AssertionError(message)
 
 
-def expected_outputs(inputs: dict, variant: str, eps: float):
+def expected_outputs(inputs: dict, variant: str, eps: float, device: str | torch.device = "cpu"):
     """The reference's (residual_out, layer_input, mxfp8) for ``random_inputs`` and a variant
-    ("plain", "finalize", "quant", "residual"), computed on the CPU."""
-    cpu = {k: ([t.cpu() for t in v] if isinstance(v, list) else v.cpu()) for k, v in inputs.items()}
+    ("plain", "finalize", "quant", "residual"), computed on ``device`` (the CPU unless a suite has
+    pinned the reference on that device to the CPU's bits)."""
+    moved = {k: ([t.to(device) for t in v] if isinstance(v, list) else v.to(device)) for k, v in inputs.items()}
     if variant == "finalize":
         contributions = [reference.finalize_contribution(*args) for args in
-                         zip(cpu["gemm2s"], cpu["weights"], cpu["idxs"], cpu["shareds"])]
+                         zip(moved["gemm2s"], moved["weights"], moved["idxs"], moved["shareds"])]
     else:
-        contributions = cpu["xs"]
+        contributions = moved["xs"]
     residual_only = variant == "residual"
-    return reference.all_reduce_mhc(contributions, cpu["residual"], cpu["post"], cpu["comb"],
-                                    None if residual_only else cpu["pre"],
-                                    None if residual_only else cpu["norm_weight"], eps,
+    return reference.all_reduce_mhc(contributions, moved["residual"], moved["post"], moved["comb"],
+                                    None if residual_only else moved["pre"],
+                                    None if residual_only else moved["norm_weight"], eps,
                                     quantize=variant == "quant")
 
 

@@ -29,7 +29,7 @@ def test_bit_exact_sweep(hidden):
 
 def _capacity_body(rank, tp):
     op = build(5120, 4096, "triton", 1024)
-    return [f for f in (check(op, tp, rank, 4096, 5120, v, seed=7) for v in ("plain", "quant")) if f]
+    return [f for v in ("plain", "quant") for f in check([op], tp, rank, 4096, 5120, v, seed=7)]
 
 
 def test_at_capacity_bt():
@@ -70,7 +70,7 @@ def _graph_body(rank, tp, calls, replays):
         torch.cuda.synchronize()
         for i, ((m, variant), inputs) in enumerate(zip(plan, static)):
             try:
-                assert_outputs_match(outputs[i], expected_outputs(inputs, variant, EPS))
+                assert_outputs_match(outputs[i], expected_outputs(inputs, variant, EPS, device="cuda"))
             except AssertionError as error:
                 failures.append(f"replay {replay} call {i} ({variant}, M={m}): {error}")
     return failures
