@@ -28,10 +28,12 @@ class AllReduceMHC:
 
     def __init__(self, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int, device, *,
                  group=None, quantize_layer_input: bool = False, residual_only: bool = False,
-                 config: AllReduceMHCConfig | None = None):
+                 config: AllReduceMHCConfig | None = None, apply_environment: bool = True):
         import torch.distributed as dist
 
-        self.config = (config or AllReduceMHCConfig()).with_environment()
+        config = config or AllReduceMHCConfig()
+        # apply_environment=False: the caller (lamport_mhc.integration) already applied the override.
+        self.config = config.with_environment() if apply_environment else config
         validate.check_build(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("AllReduceMHC needs an initialized torch.distributed process group "
