@@ -1,4 +1,4 @@
-"""Command line: ``python -m lamport_mhc {info,demo,ptx}``."""
+"""Command line: ``python -m lamport_mhc {info,demo,model-ab,bench,presets,ptx}``."""
 
 from __future__ import annotations
 
@@ -72,6 +72,42 @@ def _demo(args) -> int:
     return run(args)
 
 
+def _model_ab(args) -> int:
+    import os
+
+    import torch
+
+    from .model import MHCModelConfig
+    from .model_ab import distributed_ab, simulated_ab
+
+    distributed = "WORLD_SIZE" in os.environ
+    hidden = args.hidden or (5120 if distributed else 256)
+    config = MHCModelConfig(hidden_size=hidden, num_layers=args.layers, seed=args.seed, rms_norm_eps=args.eps,
+                            max_num_tokens=max(16, args.tokens))
+    backends = tuple(args.backends)
+    if not distributed:
+        result = simulated_ab(config, args.tp, args.tokens, args.seed, backends)
+        print(f"simulated TP group: tp={args.tp} H={hidden} hc={config.hc_mult} layers={args.layers} "
+              f"M={args.tokens} seed={args.seed}")
+    else:
+        import torch.distributed as dist
+
+        cuda = torch.cuda.is_available()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl" if cuda else "gloo")
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        try:
+            result = distributed_ab(config, args.tokens, args.seed, backends, device,
+                                    cuda_graph=(False, args.cuda_graph))
+        finally:
+            dist.destroy_process_group()
+    for line in result.report():
+        print(line)
+    return 1 if result.differences else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lamport_mhc", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--capacity", type=int, default=None, help="default: 8 simulated, 1024 on GPUs")
     demo.add_argument("--backend", default="auto")
     demo.set_defaults(run=_demo)
+
+    ab = commands.add_parser("model-ab", help="the small mHC model through two backends on the same weights and "
+                                             "tokens; every stream, layer input and logit compared bit for bit "
+                                             "(CPU: a simulated TP group; under torchrun: the real collective)")
+    ab.add_argument("--backends", nargs=2, default=["torch", "triton"], metavar=("A", "B"))
+    ab.add_argument("--tp", type=int, default=2, help="simulated ranks (CPU only)")
+    ab.add_argument("--hidden", type=int, default=None, help="default: 256 simulated, 5120 under torchrun")
+    ab.add_argument("--layers", type=int, default=2)
+    ab.add_argument("--tokens", type=int, default=4)
+    ab.add_argument("--seed", type=int, default=0)
+    ab.add_argument("--eps", type=float, default=1e-6, help="rms_norm_eps")
+    ab.add_argument("--cuda-graph", action="store_true", help="replay side B from a CUDA graph (under torchrun)")
+    ab.set_defaults(run=_model_ab)
 
     bench = commands.add_parser("bench", help="latency of every path at every M (under torchrun, one process per "
                                               "GPU); options: python -m lamport_mhc bench --help", add_help=False)
