@@ -10,10 +10,14 @@ from __future__ import annotations
 import torch
 
 from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support
+from lamport_mhc.call import Call
 from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
+from .consumer import CONSUME_ONLY, PUBLISH_ONLY
 from .plan import chunk_width, kernel_plan
+
+PHASE_CODES = {"publish": PUBLISH_ONLY.value, "consume": CONSUME_ONLY.value}
 
 MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
 
@@ -61,11 +65,14 @@ class TritonKernels:
             self._compile_all()
 
     # -- launching -------------------------------------------------------------------------------
-    def _launch(self, name: str, grid, *args):
+    def _launch(self, name: str, grid, *args, **overrides):
+        """``overrides`` replace constexprs; only the interpreter takes them (compiled kernels are fixed)."""
         instance = self.plan[name]
         if self.interpret:
-            launch_interpreted(instance.fn, grid, *args, **instance.constexprs)
+            launch_interpreted(instance.fn, grid, *args, **{**instance.constexprs, **overrides})
         else:
+            if overrides:
+                raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
             instance.fn[grid](*args, **instance.constexprs, num_warps=instance.num_warps,
                               enable_fp_fusion=False, launch_pdl=self.spec.use_pdl)
 
@@ -122,16 +129,33 @@ class TritonKernels:
                      ws.bt_state, ws.error, m, self.spec.spin_timeout_ns, spec.owner_capacity, spec.capacity)
 
     def consume(self, protocol: str, args: ConsumerArgs) -> None:
+        i16, f32, i32 = self._unused[torch.int16], self._unused[torch.float32], self._unused[torch.int32]
+        self._launch(f"consumer_{protocol}_{args.variant}", (args.residual.shape[0],),
+                     *self._consumer_args(protocol, args), i16, i16, f32, i32, self.workspace.ll.peers,
+                     self.workspace.ll.multicast)
+
+    def publish_and_consume(self, call: Call, phases: str = "both") -> None:
+        args, ws = call.consumer, self.workspace
+        if call.kind == "finalize":
+            name, publish = f"one_kernel_finalize_ll_{args.variant}", (
+                call.shared.view(torch.int16), call.gemm2.view(torch.int16), call.weights, call.indices)
+        else:
+            name, publish = f"one_kernel_ll_{args.variant}", (
+                call.x.view(torch.int16), self._unused[torch.int16], self._unused[torch.float32],
+                self._unused[torch.int32])
+        phase_overrides = {} if phases == "both" else {"PHASES": PHASE_CODES[phases]}
+        self._launch(name, (call.m,), *self._consumer_args("ll", args), *publish, ws.ll.peers, ws.ll.multicast,
+                     **phase_overrides)
+
+    def _consumer_args(self, protocol: str, args: ConsumerArgs) -> list:
+        """The consumer's arguments up to ``capacity`` (the publish arguments follow)."""
         ws = self.workspace
-        m = args.residual.shape[0]
         source = ws.bt_sums.local if protocol == "bt" else ws.ll.local
         residual_only = args.variant == "residual"
         i16, f32, u8 = self._unused[torch.int16], self._unused[torch.float32], self._unused[torch.uint8]
-        self._launch(
-            f"consumer_{protocol}_{args.variant}", (m,), source, args.residual.view(torch.int16), args.post,
-            args.comb, f32 if residual_only else args.pre,
-            i16 if residual_only else args.norm_weight.view(torch.int16), args.residual_out.view(torch.int16),
-            i16 if residual_only else args.layer_input.view(torch.int16),
-            u8 if args.mxfp8_values is None else args.mxfp8_values.view(torch.uint8),
-            u8 if args.mxfp8_scales is None else args.mxfp8_scales, ws.state(protocol), ws.error,
-            float(args.norm_eps), m, self.spec.spin_timeout_ns, self.spec.capacity)
+        return [source, args.residual.view(torch.int16), args.post, args.comb, f32 if residual_only else args.pre,
+                i16 if residual_only else args.norm_weight.view(torch.int16), args.residual_out.view(torch.int16),
+                i16 if residual_only else args.layer_input.view(torch.int16),
+                u8 if args.mxfp8_values is None else args.mxfp8_values.view(torch.uint8),
+                u8 if args.mxfp8_scales is None else args.mxfp8_scales, ws.state(protocol), ws.error,
+                float(args.norm_eps), args.residual.shape[0], self.spec.spin_timeout_ns, self.spec.capacity]

@@ -3,6 +3,11 @@ the hc residual streams, collapses them with the pre-mix, RMS-normalizes, and op
 layer input as MXFP8.
 
 Specialized by constexprs:
+- ``PUBLISH`` (LL only): 0, the publish kernel ran before; otherwise the call is one kernel, whose
+  program ``t`` first stores token ``t``'s contribution (1: ``x``, 2: the MoE finalize) into every
+  rank's mailbox and then consumes it. Every program must be resident at once (M <= SM count), as
+  each waits for its twins on the other ranks. ``PHASES`` (publish only, consume only, both) lets the
+  simulated group, which runs ranks one after another, launch the two halves separately.
 - ``REDUCED`` (BT): the mailbox holds the owners' sums ``[gen][t]``; otherwise (LL) it holds every
   rank's contribution ``[gen][rank][t]``, summed here in rank order. LL advances the generation
   (BT's owner reduce already did).
@@ -16,10 +21,13 @@ import triton.language as tl
 
 from . import lamport, ptx
 
+from .publish import contribution_chunk
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
                        pairwise_sum, row_of, scale_offset, ue8m0_scale)
 
 PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+PUBLISH_ONLY, CONSUME_ONLY, BOTH_PHASES = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
 
 
 @triton.jit
@@ -74,7 +82,7 @@ def _store_mxfp8(layer, token, num_tokens, h, values_ptr, scales_ptr,
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
-@triton.jit(do_not_specialize=["eps", "num_tokens", "timeout_ns", "capacity"])
+@triton.jit(do_not_specialize=["eps", "num_tokens", "timeout_ns", "capacity", "multicast_address"])
 def consumer_kernel(
     mailbox_ptr,      # int16: LL [3][TP][capacity][H] contributions, or BT [3][capacity][H] sums
     residual_ptr,     # int16 [M, HC, H]
@@ -86,14 +94,21 @@ def consumer_kernel(
     layer_out_ptr,    # int16 [M, H]          (not RESIDUAL_ONLY)
     values_ptr,       # uint8 [M, H]          (QUANT)
     scales_ptr,       # uint8 swizzled scales (QUANT)
-    state_ptr,        # int32 [2]: this protocol's [next, active]
+    state_ptr,        # int32 [3]: this protocol's generation state (lamport_mhc.layout)
     error_ptr,        # int32 [4]
     eps,              # fp32
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever
     capacity,         # max_num_tokens of the build
-    HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HC: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
+    x_ptr,            # int16 [M, H]: x, or the shared expert output          (PUBLISH)
+    gemm2_ptr,        # int16 [rows, H]                                       (PUBLISH_FINALIZE)
+    weights_ptr,      # fp32 [M, TOP_K]                                       (PUBLISH_FINALIZE)
+    indices_ptr,      # int32 [M, TOP_K]                                      (PUBLISH_FINALIZE)
+    peer_table_ptr,   # int64 [TP]: every rank's LL mailbox address           (PUBLISH)
+    multicast_address,  # int64: the LL mailbox's multicast address           (PUBLISH, MULTICAST)
+    HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, REDUCED: tl.constexpr,
+    VARIANT: tl.constexpr, PUBLISH: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
@@ -102,18 +117,36 @@ def consumer_kernel(
     streams = tl.arange(0, BLOCK_HC)
     in_streams = streams < HC
 
-    # The residual and mixes were written before the publish kernel, which waited for them, so they
-    # may be read before this kernel's own wait.
+    # After a publish kernel (which waited for the previous kernel), the residual and mixes may be
+    # read before this kernel's wait; a one-kernel call waits first.
+    if PUBLISH != NO_PUBLISH:
+        ptx.grid_dependency_wait(USE_PDL, ON_GPU)
     tile = (token * HC + streams[:, None]) * HIDDEN + h[None, :]
     tile_mask = in_streams[:, None] & in_row[None, :]
     residual = tl.load(residual_ptr + tile, mask=tile_mask, other=0).to(tl.int32)
     post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
+    if PUBLISH == NO_PUBLISH:
+        ptx.grid_dependency_wait(USE_PDL, ON_GPU)
 
-    ptx.grid_dependency_wait(USE_PDL, ON_GPU)
-    generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
-    reduced = _reduced_row(mailbox_ptr, generation.to(tl.int64), token, h, in_row, timeout_ns,
+    if PUBLISH == NO_PUBLISH:
+        generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
+    else:
+        generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
+    gen = generation.to(tl.int64)
+    if (PUBLISH != NO_PUBLISH) & (PHASES != CONSUME_ONLY):
+        for chunk in tl.static_range(HIDDEN // CHUNK):
+            columns = chunk * CHUNK + tl.arange(0, CHUNK)
+            contribution = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, columns, HIDDEN,
+                                              TOP_K, PUBLISH == PUBLISH_FINALIZE, ON_GPU)
+            lamport.broadcast(contribution, ((gen * TP + RANK) * capacity + token) * HIDDEN + chunk * CHUNK,
+                              peer_table_ptr, multicast_address, TP, CHUNK, MULTICAST)
+    if PHASES == PUBLISH_ONLY:
+        return
+    if PUBLISH != NO_PUBLISH:
+        lamport.arrive_and_advance(state_ptr, generation, tl.num_programs(0))
+    reduced = _reduced_row(mailbox_ptr, gen, token, h, in_row, timeout_ns,
                            error_ptr, generation, capacity, TP, HIDDEN, REDUCED, ON_GPU)
-    if not REDUCED:
+    if (PUBLISH == NO_PUBLISH) & (not REDUCED):
         if token == 0:
             lamport.advance_generation(state_ptr, generation)
 

@@ -12,6 +12,7 @@ from .numerics import SENTINEL
 
 STATE_NEXT = tl.constexpr(layout.STATE_NEXT)
 STATE_ACTIVE = tl.constexpr(layout.STATE_ACTIVE)
+STATE_ARRIVED = tl.constexpr(layout.STATE_ARRIVED)
 GENERATIONS = tl.constexpr(layout.GENERATIONS)
 # Under the interpreter every publish ran before any consumer, so a slot still empty after this
 # many polls is a protocol bug, reported like a GPU spin timeout instead of hanging the process.
@@ -58,6 +59,15 @@ def rearm(ptrs, mask):
 @triton.jit
 def advance_generation(state_ptr, generation):
     tl.store(state_ptr + STATE_NEXT, (generation + 1) % GENERATIONS)
+
+
+@triton.jit
+def arrive_and_advance(state_ptr, generation, programs):
+    """One-kernel LL: every program has read ``generation`` from NEXT before calling this; the last
+    to arrive resets the count and advances NEXT for the next call."""
+    if tl.atomic_add(state_ptr + STATE_ARRIVED, 1, sem="acq_rel") == programs - 1:
+        tl.store(state_ptr + STATE_ARRIVED, 0)
+        advance_generation(state_ptr, generation)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from lamport_mhc.backend import BuildSpec
 
-from .consumer import PLAIN, QUANT, RESIDUAL_ONLY, consumer_kernel
+from .consumer import (BOTH_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY, consumer_kernel)
 from .owner_reduce import owner_reduce_kernel
 from .publish import publish_kernel
 
@@ -23,7 +23,8 @@ CONSUMER_SIGNATURE = {"mailbox_ptr": "*i16", "residual_ptr": "*i16", "post_ptr":
                       "pre_ptr": "*fp32", "gamma_ptr": "*i16", "residual_out_ptr": "*i16",
                       "layer_out_ptr": "*i16", "values_ptr": "*u8", "scales_ptr": "*u8", "state_ptr": "*i32",
                       "error_ptr": "*i32", "eps": "fp32", "num_tokens": "i32", "timeout_ns": "i64",
-                      "capacity": "i32"}
+                      "capacity": "i32", "x_ptr": "*i16", "gemm2_ptr": "*i16", "weights_ptr": "*fp32",
+                      "indices_ptr": "*i32", "peer_table_ptr": "*i64", "multicast_address": "i64"}
 
 
 def _pow2_at_least(n: int) -> int:
@@ -67,9 +68,15 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                 common, RANK=spec.rank, BLOCK=block,
                 MULTICAST=multicast), OWNER_REDUCE_SIGNATURE, 4)
         block_h = _pow2_at_least(spec.hidden)
-        for variant in spec.variants:
-            name = f"consumer_{protocol}_{variant}"
-            plan[name] = KernelInstance(name, consumer_kernel, dict(
-                common, HC=spec.hc, BLOCK_H=block_h, BLOCK_HC=_pow2_at_least(spec.hc),
-                REDUCED=bt, VARIANT=VARIANT_CODES[variant]), CONSUMER_SIGNATURE, consumer_warps(block_h))
+        consumers = {"consumer": NO_PUBLISH}
+        if not bt and spec.ll_one_kernel_rows > 0:
+            consumers.update({"one_kernel": PUBLISH_X, "one_kernel_finalize": PUBLISH_FINALIZE})
+        for prefix, publish in consumers.items():
+            for variant in spec.variants:
+                name = f"{prefix}_{protocol}_{variant}"
+                plan[name] = KernelInstance(name, consumer_kernel, dict(
+                    common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_H=block_h,
+                    BLOCK_HC=_pow2_at_least(spec.hc), CHUNK=block, REDUCED=bt, VARIANT=VARIANT_CODES[variant],
+                    PUBLISH=publish.value, PHASES=BOTH_PHASES.value, MULTICAST=multicast),
+                    CONSUMER_SIGNATURE, consumer_warps(block_h))
     return plan

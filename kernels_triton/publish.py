@@ -18,6 +18,27 @@ from . import lamport, ptx
 from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
 
 
+@triton.jit
+def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
+                       HIDDEN: tl.constexpr, TOP_K: tl.constexpr, FINALIZE: tl.constexpr, ON_GPU: tl.constexpr):
+    """bf16 bits of a rank's contribution to ``token`` at columns ``h`` (whole 16-byte fragments):
+    ``x``, or the MoE finalize (then ``x_ptr`` is the shared expert output); zero canonicalized."""
+    if FINALIZE:
+        acc = tl.zeros(h.shape, tl.float32)
+        for k in tl.static_range(TOP_K):
+            row = tl.load(indices_ptr + token * TOP_K + k)
+            weight = tl.load(weights_ptr + token * TOP_K + k)
+            routed = row != -1
+            values = tl.load(gemm2_ptr + row.to(tl.int64) * HIDDEN + h, mask=routed & (h < HIDDEN), other=0)
+            # A route this rank does not hold is skipped, not multiplied by zero.
+            acc = tl.where(routed, ptx.fma_rn(bf16_to_f32(values), weight, acc, ON_GPU), acc)
+        shared = tl.load(x_ptr + token * HIDDEN + h)
+        contribution = f32_to_bf16(acc + bf16_to_f32(shared))
+    else:
+        contribution = tl.load(x_ptr + token * HIDDEN + h)
+    return canonical_zero(contribution)
+
+
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
 @triton.jit(do_not_specialize=["multicast_address", "slots"])
 def publish_kernel(
@@ -25,7 +46,7 @@ def publish_kernel(
     gemm2_ptr,        # int16 [rows, H]  (FINALIZE)
     weights_ptr,      # fp32 [M, TOP_K]  (FINALIZE)
     indices_ptr,      # int32 [M, TOP_K] (FINALIZE)
-    state_ptr,        # int32 [2]: this protocol's [next, active]
+    state_ptr,        # int32 [3]: this protocol's generation state (lamport_mhc.layout)
     peer_table_ptr,   # int64 [TP]: every rank's mailbox address
     multicast_address,  # int64: the mailbox's multicast address (LL with MULTICAST)
     slots,            # tokens per [gen][rank] of the mailbox: capacity (LL), ceil(capacity / TP) (BT)
@@ -38,20 +59,8 @@ def publish_kernel(
     h = chunk * BLOCK + tl.arange(0, BLOCK)
 
     ptx.grid_dependency_wait(USE_PDL, ON_GPU)
-    if FINALIZE:
-        acc = tl.zeros([BLOCK], tl.float32)
-        for k in tl.static_range(TOP_K):
-            row = tl.load(indices_ptr + token * TOP_K + k)
-            weight = tl.load(weights_ptr + token * TOP_K + k)
-            routed = row != -1
-            values = tl.load(gemm2_ptr + row.to(tl.int64) * HIDDEN + h, mask=routed & (h < HIDDEN), other=0)
-            # A route this rank does not hold is skipped, not multiplied by zero.
-            acc = tl.where(routed, ptx.fma_rn(bf16_to_f32(values), weight, acc, ON_GPU), acc)
-        shared = tl.load(x_ptr + token * HIDDEN + h)
-        contribution = f32_to_bf16(acc + bf16_to_f32(shared))
-    else:
-        contribution = tl.load(x_ptr + token * HIDDEN + h)
-    contribution = canonical_zero(contribution)
+    contribution = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
+                                      FINALIZE, ON_GPU)
 
     generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
     gen = generation.to(tl.int64)

@@ -45,6 +45,7 @@ def _ptx(args) -> int:
     for rank in range(args.tp) if args.all_ranks else (args.rank,):
         spec = BuildSpec(hidden=args.hidden, hc=args.hc, capacity=args.capacity, top_k=args.top_k, tp=args.tp,
                          rank=rank, quantize=args.hidden % 128 == 0, residual_only=True, bt=True,
+                         ll_one_kernel_rows=args.capacity,
                          transport=args.transport, use_pdl=not args.no_pdl)
         for name, text in backend.compile_offline(spec, args.arch).items():
             path = out / f"{args.backend}_{name}_{args.transport}_tp{args.tp}_rank{rank}_{args.arch}.ptx"

@@ -52,7 +52,8 @@ class AllReduceMHC:
             hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=rank,
             quantize=quantize_layer_input, residual_only=residual_only,
             bt=self.thresholds.bt_reachable(max_num_tokens),
-            use_pdl=self.config.use_pdl, spin_timeout_ns=self.config.spin_timeout_ns)
+            use_pdl=self.config.use_pdl, spin_timeout_ns=self.config.spin_timeout_ns,
+            ll_one_kernel_rows=self._ll_one_kernel_rows(max_num_tokens))
 
         self.backend = self._agree_on_backend(self.config.backend)
         self.path = self._build_path(self.backend)
@@ -64,6 +65,16 @@ class AllReduceMHC:
         self._broken: str | None = None
 
     # -- construction ------------------------------------------------------------------------------
+    def _ll_one_kernel_rows(self, capacity: int) -> int:
+        if self.device.type != "cuda":
+            return 0
+        resident = torch.cuda.get_device_properties(self.device).multi_processor_count
+        rows = self.config.ll_one_kernel_max_rows
+        if rows is not None and rows > resident:
+            raise ValueError(f"ll_one_kernel_max_rows={rows} exceeds the {resident} SMs of {self.device}: "
+                             f"programs that wait for each other must all be resident")
+        return min(capacity, resident if rows is None else rows)
+
     def _agree_on_backend(self, requested: str) -> str:
         """Every rank builds the same backend: the fused backends all ranks support decide."""
         import torch.distributed as dist

@@ -6,7 +6,7 @@ A backend module (``kernels_triton.backend``, ``kernels_cute.backend``) exposes 
 - ``build(spec, workspace, interpret=False) -> Kernels``: compile every kernel the build needs (at
   construction, never during a call or a CUDA-graph capture) over the given workspace;
 - ``compile_offline(spec, arch) -> {kernel name: PTX}``: the same kernels, compiled with no GPU.
-``Kernels`` launches the four steps of a call; ``lamport_mhc.paths.FusedPath`` sequences them.
+``Kernels`` launches the four steps of a call (or LL's one-kernel form); ``lamport_mhc.paths.FusedPath`` sequences them.
 Backends are imported only when selected, so a missing optional dependency costs nothing until used.
 """
 
@@ -21,6 +21,7 @@ import torch
 from .layout import owner_capacity
 
 if TYPE_CHECKING:
+    from .call import Call
     from .workspace import Workspace
 
 PROTOCOLS = ("ll", "bt")
@@ -43,6 +44,9 @@ class BuildSpec:
     transport: str = "peer"
     use_pdl: bool = True
     spin_timeout_ns: int = 0  # 0: spin loops wait forever
+    # LL calls of at most this many rows run publish and consumer as one kernel (0: never). Each
+    # program waits for its twins on the other ranks, so all must be resident: at most the SM count.
+    ll_one_kernel_rows: int = 0
 
     @property
     def owner_capacity(self) -> int:
@@ -102,6 +106,11 @@ class Kernels(Protocol):
     def owner_reduce(self, m: int) -> None: ...
 
     def consume(self, protocol: str, args: ConsumerArgs) -> None: ...
+
+    def publish_and_consume(self, call: Call, phases: str = "both") -> None:
+        """An LL call as one kernel (``spec.ll_one_kernel_rows``). ``phases`` "publish" then
+        "consume" launch its halves separately, for the simulated group's rank-by-rank order."""
+        ...
 
 
 class KernelBackend(Protocol):

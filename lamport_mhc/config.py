@@ -25,6 +25,10 @@ class AllReduceMHCConfig:
     cross_check: also run ``cross_check_backend`` on every call and raise on the first differing bit.
     spin_timeout_ms: bound every spin loop; an expired wait raises RuntimeError at the next call
     (or ``check()``), which then synchronizes with the device. None: wait forever (production).
+    ll_one_kernel_max_rows: LL calls of at most this many rows run as one kernel (publish and
+    consumer fused; the lowest latency). None: the GPU's SM count, the most for which every program
+    is resident at once, as each waits for its twins on the other ranks; 0: always two kernels.
+    Ranks may differ: both forms write the same mailbox slots and advance the same generation.
     check_index_range: validate finalize's expert indices against the GEMM2 rows before launching
     (reads them on the host: a device synchronization per call, not allowed in graph capture).
     """
@@ -38,6 +42,7 @@ class AllReduceMHCConfig:
     spin_timeout_ms: float | None = None
     use_pdl: bool = True
     check_index_range: bool = False
+    ll_one_kernel_max_rows: int | None = None
 
     def __post_init__(self):
         if self.backend not in BACKEND_CHOICES:
@@ -50,6 +55,9 @@ class AllReduceMHCConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        rows = self.ll_one_kernel_max_rows
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
+            raise ValueError(f"ll_one_kernel_max_rows must be an int >= 0 or None, got {rows!r}")
         if self.spin_timeout_ms is not None and not (
                 isinstance(self.spin_timeout_ms, (int, float)) and math.isfinite(self.spin_timeout_ms)
                 and self.spin_timeout_ms > 0):

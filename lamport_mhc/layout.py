@@ -12,11 +12,14 @@ GENERATIONS = 3
 # (-0.0 -> +0.0) before they are published, so a slot holding this bit pattern has not been written yet.
 SENTINEL_INT16 = -32768
 
-# Generation state: int32 [2] per protocol in device memory, advanced by the kernels.
+# Generation state: int32 [3] per protocol in device memory, advanced by the kernels.
 # NEXT: the generation the next publish writes. ACTIVE: the generation the current call reads.
+# ARRIVED: programs of a one-kernel LL call that have read NEXT; the last one resets it and
+# advances NEXT (no program may advance it before every program has read it).
 STATE_NEXT = 0
 STATE_ACTIVE = 1
-STATE_WORDS = 2
+STATE_ARRIVED = 2
+STATE_WORDS = 3
 
 # Device error word written by a spin loop that gave up (spin_timeout_ms):
 # [flag (1 = timed out), source rank waited for (-1: reduced sum), generation, token].

@@ -13,8 +13,9 @@ from .workspace import Workspace
 
 
 class FusedPath:
-    """publish -> (BT: owner reduce) -> consumer, over one rank's workspace. The steps are separate
-    so that the simulated group can launch them across ranks in protocol order."""
+    """publish -> (BT: owner reduce) -> consumer, over one rank's workspace, or one kernel for LL calls
+    of at most ``spec.ll_one_kernel_rows`` rows. The steps are separate so that the simulated group
+    can launch them across ranks in protocol order."""
 
     def __init__(self, name: str, spec: BuildSpec, kernels: Kernels, workspace: Workspace,
                  thresholds: Thresholds):
@@ -27,8 +28,13 @@ class FusedPath:
     def protocol(self, call: Call) -> str:
         return choose_protocol(call.kind, call.m, self.thresholds, self.spec.bt)
 
+    def one_kernel(self, call: Call, protocol: str) -> bool:
+        return protocol == "ll" and call.m <= self.spec.ll_one_kernel_rows
+
     def publish(self, call: Call, protocol: str) -> None:
-        if call.kind == "finalize":
+        if self.one_kernel(call, protocol):
+            self.kernels.publish_and_consume(call, "publish")
+        elif call.kind == "finalize":
             self.kernels.finalize_publish(protocol, call.gemm2, call.weights, call.indices, call.shared)
         else:
             self.kernels.publish(protocol, call.x)
@@ -38,10 +44,16 @@ class FusedPath:
             self.kernels.owner_reduce(call.m)
 
     def consume(self, call: Call, protocol: str) -> None:
-        self.kernels.consume(protocol, call.consumer)
+        if self.one_kernel(call, protocol):
+            self.kernels.publish_and_consume(call, "consume")
+        else:
+            self.kernels.consume(protocol, call.consumer)
 
     def run(self, call: Call) -> None:
         protocol = self.protocol(call)
+        if self.one_kernel(call, protocol):
+            self.kernels.publish_and_consume(call)
+            return
         self.publish(call, protocol)
         self.reduce(call, protocol)
         self.consume(call, protocol)

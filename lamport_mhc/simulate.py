@@ -25,7 +25,8 @@ SIMULATED_BACKENDS = ("triton", "torch")
 class SimulatedGroup:
     def __init__(self, tp: int, *, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int,
                  backend: str = "triton", quantize_layer_input: bool = False, residual_only: bool = False,
-                 bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None):
+                 bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
+                 ll_one_kernel_rows: int | None = None):
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tp must be a positive int, got {tp!r}")
         if backend not in SIMULATED_BACKENDS:
@@ -35,6 +36,10 @@ class SimulatedGroup:
         for name, value in (("bt_min_rows", bt_min_rows), ("bt_min_finalize_rows", bt_min_finalize_rows)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        # ll_one_kernel_rows: LL calls of at most this many rows take the one-kernel form, launched
+        # as its publish and consume halves (None: every LL call; 0: none).
+        if ll_one_kernel_rows is not None and (not isinstance(ll_one_kernel_rows, int) or ll_one_kernel_rows < 0):
+            raise ValueError(f"ll_one_kernel_rows must be an int >= 0 or None, got {ll_one_kernel_rows!r}")
         # Without thresholds the simulated group runs LL only (there is no machine to measure).
         never = max_num_tokens + 1
         self.thresholds = Thresholds(bt_min_rows or never, bt_min_finalize_rows or never)
@@ -43,7 +48,8 @@ class SimulatedGroup:
         self.device = torch.device("cpu")
         self.specs = [BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp,
                                 rank=rank, quantize=quantize_layer_input, residual_only=residual_only,
-                                bt=self.thresholds.bt_reachable(max_num_tokens))
+                                bt=self.thresholds.bt_reachable(max_num_tokens),
+                                ll_one_kernel_rows=max_num_tokens if ll_one_kernel_rows is None else ll_one_kernel_rows)
                       for rank in range(tp)]
         self.workspaces = allocate_host_group(self.specs)
         if backend == "torch":
@@ -109,6 +115,6 @@ class SimulatedGroup:
         return [call.outputs for call in calls]
 
     def generation_state(self) -> list[dict[str, list[int]]]:
-        """Each rank's [next, active] per protocol (for tests of the generation rotation)."""
+        """Each rank's [next, active, arrived] per protocol (for tests of the generation rotation)."""
         return [{"ll": ws.ll_state.tolist(), **({"bt": ws.bt_state.tolist()} if ws.bt_state is not None else {})}
                 for ws in self.workspaces]

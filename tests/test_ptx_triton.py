@@ -9,12 +9,14 @@ from lamport_mhc.backend import BuildSpec
 from kernels_triton.offline import compile_ptx
 
 TP, H = 2, 1024
+VARIANTS = ("plain", "quant", "residual")
+ONE_KERNEL = tuple(f"one_kernel{f}_ll_{v}" for f in ("", "_finalize") for v in VARIANTS)
 
 
 @pytest.fixture(scope="module", params=["peer", "multicast"])
 def build(request):
     spec = BuildSpec(hidden=H, hc=4, capacity=64, top_k=6, tp=TP, rank=1, quantize=True, residual_only=True,
-                     bt=True, transport=request.param)
+                     bt=True, transport=request.param, ll_one_kernel_rows=64)
     return request.param, compile_ptx(spec, "sm_90a")
 
 
@@ -26,7 +28,7 @@ def test_every_kernel_is_built(build):
     _, ptx = build
     assert sorted(ptx) == sorted([
         "publish_ll", "finalize_publish_ll", "publish_bt", "finalize_publish_bt", "owner_reduce_bt",
-        *(f"consumer_{p}_{v}" for p in ("ll", "bt") for v in ("plain", "quant", "residual"))])
+        *(f"consumer_{p}_{v}" for p in ("ll", "bt") for v in VARIANTS), *ONE_KERNEL])
     for text in ptx.values():
         assert ".target sm_90a" in text
 
@@ -36,7 +38,8 @@ def test_multicast_stores_only_in_multicast_builds(build):
     for name, text in ptx.items():
         multimem = _ops(text, r"multimem\.st\.[\w.]+")
         # LL publishes and the BT owners' broadcast use multicast; BT publishes go to one owner.
-        expected = transport == "multicast" and name in ("publish_ll", "finalize_publish_ll", "owner_reduce_bt")
+        expected = transport == "multicast" and name in ("publish_ll", "finalize_publish_ll", "owner_reduce_bt",
+                                                         *ONE_KERNEL)
         assert bool(multimem) == expected, name
         if multimem:
             assert set(multimem) == {"multimem.st.relaxed.sys.global.v4.f32"}
@@ -50,12 +53,17 @@ def test_peer_stores_are_16_bytes(build):
         assert _ops(text, r"st\.global\.v4\.b32"), name
         # one 16-byte store per fragment and destination: no narrower data stores besides the state word
         assert not _ops(text, r"st\.global\.b16|st\.global\.b8"), name
+    if transport == "peer":
+        for name in ONE_KERNEL:  # the consumer's stores plus one 16-byte store per peer
+            split = "consumer_ll_" + name.rsplit("_", 1)[1]
+            stores = len(_ops(ptx[name], r"st\.global\.v4\.b32"))
+            assert stores >= len(_ops(ptx[split], r"st\.global\.v4\.b32")) + TP, name
 
 
 def test_spin_loops_poll_16_bytes_volatile(build):
     _, ptx = build
     for name, text in ptx.items():
-        if name.startswith(("consumer", "owner_reduce")):
+        if name.startswith(("consumer", "one_kernel", "owner_reduce")):
             assert _ops(text, r"ld\.volatile\.global\.v4\.b32"), name
             assert not _ops(text, r"ld\.volatile\.global\.b16"), name
 
@@ -64,10 +72,10 @@ def test_contract_rounding(build):
     _, ptx = build
     for name, text in ptx.items():
         assert not _ops(text, r"rsqrt\.approx|sqrt\.approx|div\.full|div\.approx|ex2\.approx|\.ftz\."), name
-        if name.startswith("consumer") and not name.endswith("residual"):
+        if name.startswith(("consumer", "one_kernel")) and not name.endswith("residual"):
             for op in ("fma.rn.f32", "sqrt.rn.f32", "div.rn.f32", "mul.rn.f32", "add.rn.f32"):
                 assert op in text, f"{name} lacks {op}"
-        if name.startswith("finalize_publish"):
+        if name.startswith(("finalize_publish", "one_kernel_finalize")):
             assert "fma.rn.f32" in text and "add.rn.f32" in text, name
         if name.startswith(("publish", "owner_reduce")):
             assert "fma.rn.f32" not in text, f"{name}: contraction where the contract has none"

@@ -16,10 +16,13 @@ VARIANTS = ("plain", "finalize", "quant", "residual")
 SIZES = (1, 2, 7, CAPACITY)
 
 
+ONE_KERNEL_ROWS = 2  # LL calls of 1 or 2 rows run as one kernel, larger ones as publish + consumer
+
+
 def _group(tp, hidden, bt_min_rows=None):
     return SimulatedGroup(tp, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                           quantize_layer_input=True, residual_only=True, bt_min_rows=bt_min_rows,
-                          bt_min_finalize_rows=bt_min_rows)
+                          bt_min_finalize_rows=bt_min_rows, ll_one_kernel_rows=ONE_KERNEL_ROWS)
 
 
 @pytest.mark.parametrize("tp,hidden", [(1, 256), (2, 256), (3, 384), (4, 256), (8, 256), (2, 1024), (3, 1024)])
@@ -36,7 +39,8 @@ def test_ll_and_bt_match_the_reference(tp, hidden):
 
 
 def test_generations_cycle_with_m_changing_every_call():
-    """30 calls, M and protocol changing every call: the generation state rotates per protocol."""
+    """30 calls, M, protocol and LL's kernel form changing every call: the generation state rotates
+    per protocol."""
     group = _group(2, 256, bt_min_rows=5)
     sizes = [1, 9, 2, 7, 5, 4, 9, 1, 6, 3] * 3
     ll_calls = bt_calls = 0
@@ -48,6 +52,7 @@ def test_generations_cycle_with_m_changing_every_call():
             ll_calls += 1
         for state in group.generation_state():
             assert state["ll"][0] == ll_calls % 3 and state["bt"][0] == bt_calls % 3
+            assert state["ll"][2] == 0  # the one-kernel form's arrival count is reset by its last program
     assert ll_calls > 3 and bt_calls > 3
 
 
@@ -72,11 +77,12 @@ def test_huge_eps_and_tiny_eps():
         check_simulated(group, inputs, "quant", eps)
 
 
-def test_missing_peer_becomes_a_runtime_error():
+@pytest.mark.parametrize("m", [ONE_KERNEL_ROWS, ONE_KERNEL_ROWS + 1])
+def test_missing_peer_becomes_a_runtime_error(m):
     """The spin bound of the interpreter: a consumer whose peer never published reports which rank,
-    generation and token it waited for, instead of hanging."""
+    generation and token it waited for, instead of hanging (LL in one kernel and in two)."""
     group = _group(2, 256)
-    inputs = random_inputs(2, 3, 256, HC, seed=0)
+    inputs = random_inputs(2, m, 256, HC, seed=0)
     from lamport_mhc import validate
     call = validate.plain_call(group.specs[0], group.device, inputs["xs"][0], inputs["residual"], inputs["post"],
                                inputs["comb"], inputs["pre"], inputs["norm_weight"], 1e-6, None)

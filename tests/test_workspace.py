@@ -31,7 +31,7 @@ def test_host_group_tables_point_at_every_rank():
     specs = [BuildSpec(hidden=64, hc=4, capacity=4, top_k=2, tp=2, rank=r, bt=True) for r in range(2)]
     workspaces = allocate_host_group(specs)
     for ws in workspaces:
-        assert ws.transport == "peer" and ws.bt_state.tolist() == [0, 0] and ws.ll_state.tolist() == [0, 0]
+        assert ws.transport == "peer" and ws.bt_state.tolist() == [0, 0, 0] and ws.ll_state.tolist() == [0, 0, 0]
         for name in ("ll", "bt", "bt_sums"):
             table = getattr(ws, name).peers.tolist()
             assert table == [getattr(w, name).local.data_ptr() for w in workspaces]
