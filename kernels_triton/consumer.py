@@ -117,22 +117,26 @@ def consumer_kernel(
     streams = tl.arange(0, BLOCK_HC)
     in_streams = streams < HC
 
-    # After a publish kernel (which waited for the previous kernel), the residual and mixes may be
-    # read before this kernel's wait; a one-kernel call waits first.
+    # Every input is loaded up front, so their memory latencies overlap each other and the wait for
+    # the peers instead of adding up after it. After a publish kernel (which waited for the previous
+    # kernel) they may be read before this kernel's wait; a one-kernel call waits first.
     if PUBLISH != NO_PUBLISH:
         ptx.grid_dependency_wait(USE_PDL, ON_GPU)
+        generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
     tile = (token * HC + streams[:, None]) * HIDDEN + h[None, :]
     tile_mask = in_streams[:, None] & in_row[None, :]
     residual = tl.load(residual_ptr + tile, mask=tile_mask, other=0).to(tl.int32)
     post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
+    comb_bits = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
+                        mask=in_streams[:, None] & in_streams[None, :], other=0.0).to(tl.int32, bitcast=True)
+    if VARIANT != RESIDUAL_ONLY:
+        pre_bits = tl.load(pre_ptr + token * HC + streams, mask=in_streams, other=0.0).to(tl.int32, bitcast=True)
+        gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=in_row, other=0))
     if PUBLISH == NO_PUBLISH:
         ptx.grid_dependency_wait(USE_PDL, ON_GPU)
-
-    if PUBLISH == NO_PUBLISH:
         generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
-    else:
-        generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
     gen = generation.to(tl.int64)
+
     if (PUBLISH != NO_PUBLISH) & (PHASES != CONSUME_ONLY):
         for chunk in tl.static_range(HIDDEN // CHUNK):
             columns = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -143,7 +147,9 @@ def consumer_kernel(
     if PHASES == PUBLISH_ONLY:
         return
     if PUBLISH != NO_PUBLISH:
-        lamport.arrive_and_advance(state_ptr, generation, tl.num_programs(0))
+        # Every program has read the generation; the last to arrive advances it (at the end of the
+        # kernel, so the atomic's round trip overlaps the wait for the peers).
+        arrived = tl.atomic_add(state_ptr + lamport.STATE_ARRIVED, 1, sem="acq_rel")
     reduced = _reduced_row(mailbox_ptr, gen, token, h, in_row, timeout_ns,
                            error_ptr, generation, capacity, TP, HIDDEN, REDUCED, ON_GPU)
     if (PUBLISH == NO_PUBLISH) & (not REDUCED):
@@ -154,7 +160,7 @@ def consumer_kernel(
     mixed = bf16_to_f32(reduced)[None, :] * post[:, None]
     for source in tl.static_range(HC):
         stream = bf16_to_f32(row_of(residual, streams, source).to(tl.int16))
-        comb = tl.load(comb_ptr + (token * HC + source) * HC + streams, mask=in_streams, other=0.0)
+        comb = row_of(comb_bits, streams, source).to(tl.float32, bitcast=True)
         mixed = ptx.fma_rn(tl.broadcast_to(stream[None, :], (BLOCK_HC, BLOCK_H)),
                            tl.broadcast_to(comb[:, None], (BLOCK_HC, BLOCK_H)), mixed, ON_GPU)
     residual_out = f32_to_bf16(mixed)
@@ -165,7 +171,7 @@ def consumer_kernel(
         collapsed = tl.zeros([BLOCK_H], tl.float32)
         residual_out = residual_out.to(tl.int32)
         for target in tl.static_range(HC):
-            weight = tl.load(pre_ptr + token * HC + target)
+            weight = tl.sum(tl.where(streams == target, pre_bits, 0)).to(tl.float32, bitcast=True)
             stream = bf16_to_f32(row_of(residual_out, streams, target).to(tl.int16))
             collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (BLOCK_H,)), collapsed, ON_GPU)
         prenorm = bf16_to_f32(f32_to_bf16(collapsed))
@@ -175,9 +181,11 @@ def consumer_kernel(
         sum_squares = pairwise_sum(squares, BLOCK_H)
         mean = tl.math.div_rn(sum_squares, tl.full([], HIDDEN, tl.float32)) + eps
         inv_rms = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.math.sqrt_rn(mean))
-        gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=in_row, other=0))
         layer = f32_to_bf16((prenorm * inv_rms) * gamma)
         tl.store(layer_out_ptr + token * HIDDEN + h, layer, mask=in_row)
         if VARIANT == QUANT:
             _store_mxfp8(layer, token, num_tokens, h, values_ptr, scales_ptr, HIDDEN, BLOCK_H)
+    if PUBLISH != NO_PUBLISH:
+        if arrived == tl.num_programs(0) - 1:
+            lamport.reset_arrivals_and_advance(state_ptr, generation)
     ptx.launch_dependents(USE_PDL, ON_GPU)

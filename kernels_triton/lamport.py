@@ -62,12 +62,11 @@ def advance_generation(state_ptr, generation):
 
 
 @triton.jit
-def arrive_and_advance(state_ptr, generation, programs):
-    """One-kernel LL: every program has read ``generation`` from NEXT before calling this; the last
-    to arrive resets the count and advances NEXT for the next call."""
-    if tl.atomic_add(state_ptr + STATE_ARRIVED, 1, sem="acq_rel") == programs - 1:
-        tl.store(state_ptr + STATE_ARRIVED, 0)
-        advance_generation(state_ptr, generation)
+def reset_arrivals_and_advance(state_ptr, generation):
+    """One-kernel LL: called by the last program to count itself in STATE_ARRIVED (every program
+    counts itself after reading ``generation`` from NEXT), for the next call."""
+    tl.store(state_ptr + STATE_ARRIVED, 0)
+    advance_generation(state_ptr, generation)
 
 
 @triton.jit
