@@ -1,15 +1,15 @@
 """The Triton backend on two GPUs (peer transport, one process per GPU): bit-exact with the CPU
-reference for every variant and both protocols, CUDA-graph replay, a long soak with M changing
-every call, and the spin bound turning a missing peer into a RuntimeError."""
+reference for every variant, both protocols and both forms of LL, CUDA-graph replay, a long soak
+with M changing every call, and the spin bound turning a missing peer into a RuntimeError."""
 
 import random
 
 import pytest
 import torch
 
-from lamport_mhc.testing import assert_outputs_match, expected_outputs, random_inputs
+from lamport_mhc.testing import assert_outputs_match, bits, expected_outputs, random_inputs
 
-from .bodies import EPS, HC, TOP_K, build, check, run_variant, sweep
+from .bodies import EPS, HC, TOP_K, VARIANTS, build, check, poison_allocator, run_variant, sweep
 from .harness import require_gpus, run_ranks
 
 SIZES = [1, 2, 7, 64, 255, 1024]
@@ -106,24 +106,40 @@ def test_spin_bound_reports_missing_peer():
 
 
 def _soak_body(rank, tp, calls):
-    """Eager calls with M changing every call (LL and BT mixed), every one cross-checked bit for bit
-    against the torch backend on the same inputs; the torch backend itself is pinned to the CPU
-    reference by test_torch_backend."""
-    hidden, capacity = 1024, 256
-    op = build(hidden, capacity, "triton", capacity // 2, cross_check=True)
-    rng = random.Random(1234)  # same sequence on every rank
-    variants = ("plain", "finalize", "quant", "residual")
-    protocols = set()
-    for i in range(calls):
-        m, variant = rng.randint(1, capacity), variants[i % 4]
+    """Eager calls with M changing every call over all three forms of the op (LL in one kernel, LL
+    in two, BT), every output compared bit for bit with the reference. 48 input sets with their
+    reference outputs are prepared first and drawn at random (the same sequence on every rank), so
+    the comparison is a few device ops per call and the host synchronizes once at the end."""
+    hidden, capacity, sets = 1024, 256, 48
+    op = build(hidden, capacity, "triton", 128, ll_one_kernel_max_rows=64)
+    rng = random.Random(1234)
+    prepared = []
+    for i in range(sets):
+        m, variant = rng.randint(1, capacity), VARIANTS[i % len(VARIANTS)]
         inputs = random_inputs(tp, m, hidden, HC, seed=i, top_k=TOP_K, device="cuda")
-        run_variant(op, inputs, variant, rank)  # raises on the first differing bit
-        protocols.add(op.protocol(m, variant == "finalize"))
-    torch.cuda.synchronize()
-    return sorted(protocols)
+        prepared.append((m, variant, inputs, expected_outputs(inputs, variant, EPS, device="cuda")))
+    wrong = torch.zeros(calls, dtype=torch.bool, device="cuda")
+    forms = set()
+    for call in range(calls):
+        m, variant, inputs, expected = prepared[rng.randrange(sets)]
+        poison_allocator(16 << 20)
+        residual_out, layer_input, mxfp8 = run_variant(op, inputs, variant, rank)
+        pairs = [(residual_out, expected[0])]
+        if expected[1] is not None:
+            pairs.append((layer_input, expected[1]))
+        if expected[2] is not None:
+            pairs += [(mxfp8[0], expected[2][0]), (mxfp8[1], expected[2][1])]
+        for actual, reference in pairs:
+            wrong[call] |= (bits(actual) != bits(reference)).any()
+        protocol = op.protocol(m, variant == "finalize")
+        forms.add("bt" if protocol == "bt" else "ll-one-kernel" if m <= 64 else "ll-two-kernels")
+    op.check()  # synchronizes; raises on a spin timeout
+    failed = wrong.nonzero().flatten().tolist()
+    return sorted(forms), failed[:10], len(failed)
 
 
 def test_soak_10000_calls():
     require_gpus(2)
-    for protocols in run_ranks(_soak_body, 2, args=(10_000,), timeout_s=560):
-        assert protocols == ["bt", "ll"]
+    for forms, first_failures, failures in run_ranks(_soak_body, 2, args=(10_000,), timeout_s=240):
+        assert failures == 0, f"{failures} calls with wrong bits, first: {first_failures}"
+        assert forms == ["bt", "ll-one-kernel", "ll-two-kernels"]
