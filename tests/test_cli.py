@@ -33,8 +33,9 @@ def test_ptx_writes_one_named_file_per_kernel(tmp_path):
                   "--top-k", "2", "--capacity", "16", "--transport", "multicast", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert len(names) == 11
+    assert len(names) == 17  # 4 publishes, owner reduce, 6 consumers, 6 one-kernel LL forms
     assert "triton_consumer_bt_quant_multicast_tp2_rank0_sm_90a.ptx" in names
+    assert "triton_one_kernel_finalize_ll_quant_multicast_tp2_rank0_sm_90a.ptx" in names
     assert "triton_owner_reduce_bt_multicast_tp2_rank0_sm_90a.ptx" in names
     assert "multimem.st" in (tmp_path / "triton_publish_ll_multicast_tp2_rank0_sm_90a.ptx").read_text()
 
