@@ -1,0 +1,13 @@
+"""CuTe DSL kernels of the Lamport all-reduce + mHC op: the same protocol, layouts, state words and
+bits as ``kernels_triton``, structured like FlashInfer's ``comm/mnnvl_cutedsl``.
+
+- ``primitives``: every inline-PTX helper (16-byte volatile polls, peer and multicast stores, the
+  contract's ``.rn`` fp32 operations, PDL, the spin-bound clock, cluster/DSMEM helpers);
+- ``numerics``: bf16 <-> fp32 on integer bits (round to nearest even, NaN -> 0x7FC0, -0.0 -> +0.0);
+- ``lamport``: polling with the spin bound, re-arming, broadcasting to every rank, generations;
+- ``publish``, ``owner_reduce``: the device kernels (the mHC consumer is not written yet);
+- ``plan``, ``offline``: the kernels of a build and their PTX, compiled without a GPU;
+- ``backend``: ``CuteBackend``, which says it cannot run until the consumer exists.
+
+Importing anything but ``backend`` needs nvidia-cutlass-dsl and cuda-python (``[cute]`` extra).
+"""

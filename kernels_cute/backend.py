@@ -1,0 +1,55 @@
+"""The CuTe DSL backend (in progress): the publish and owner-reduce kernels exist and compile offline
+for sm_90a and sm_100a; the mHC consumer kernels do not yet, so no build can run and ``support``
+says so.
+
+Importing this module imports CuTe DSL's packages (not the kernels), so that
+``lamport_mhc.backend.load_backend("cute")`` answers ``Support.no`` with what to install where they
+are missing, and where an installed CuTe DSL fails to import (any exception becomes an ImportError).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from lamport_mhc.backend import BuildSpec, Support
+
+try:
+    import cutlass  # noqa: F401, I001  (nvidia-cutlass-dsl, first: its absence is the usual reason)
+    import cuda.bindings.driver  # noqa: F401  (the kernels' stream type; cuda-python)
+except ModuleNotFoundError:
+    raise
+except Exception as error:  # a broken installation must not break the other backends' support queries
+    raise ImportError(f"nvidia-cutlass-dsl failed to import ({type(error).__name__}: {error})") from error
+
+MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL), multimem.st, thread-block clusters
+NOT_IMPLEMENTED = "the CuTe DSL consumer kernels are not implemented yet"
+
+logger = logging.getLogger(__name__)
+
+
+class CuteBackend:
+    name = "cute"
+
+    def support(self, spec: BuildSpec, device: torch.device) -> Support:
+        if device.type != "cuda":
+            return Support.no("the CuTe DSL kernels need a CUDA device (without one, `python -m lamport_mhc ptx "
+                              "--backend cute` compiles them to PTX)")
+        if not torch.cuda.is_available():
+            return Support.no("CUDA is not available in this process")
+        capability = torch.cuda.get_device_capability(device)
+        if capability < MIN_CAPABILITY:
+            return Support.no(f"compute capability {capability} is below sm_90 (PDL, multimem, clusters)")
+        return Support.no(f"{NOT_IMPLEMENTED}; use backend='triton' (or 'auto')")
+
+    def build(self, spec: BuildSpec, workspace, interpret: bool = False):
+        raise NotImplementedError(f"{NOT_IMPLEMENTED}: the cute backend cannot build a call yet (its publish and "
+                                  "owner-reduce kernels compile offline: CuteBackend().compile_offline(spec, arch))")
+
+    def compile_offline(self, spec: BuildSpec, arch: str) -> dict[str, str]:
+        """PTX of the CuTe DSL kernels of ``spec`` that exist so far (publishes, owner reduce)."""
+        from .offline import compile_ptx
+        ptx = compile_ptx(spec, arch)
+        logger.warning("%s: compiled only %s", NOT_IMPLEMENTED, ", ".join(ptx))
+        return ptx

@@ -1,0 +1,51 @@
+"""The CuTe DSL kernels of one build: which kernel object, with which runtime signature. Names match
+``kernels_triton.plan`` for every kernel both backends have; the launcher and the offline PTX
+compiler both read this, so what ``ptx`` writes is what the GPU would run.
+
+Not yet here: the mHC consumers (``consumer_{ll,bt}_{variant}``) and LL's one-kernel forms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lamport_mhc.backend import BuildSpec
+
+from .owner_reduce import OwnerReduceKernel
+from .publish import PublishKernel
+
+# Runtime arguments in order, by kind (see ``offline.fake_argument``):
+#   "*i16" / "*fp32" / "*i32": 1-D device buffers of any length (bf16 data travels as int16 bits);
+#   "state": int32 [3] generation state; "error": int32 [4]; "table": int64 [tp] of addresses;
+#   "i32" / "i64": scalars; "stream": the CUDA stream.
+PUBLISH_SIGNATURE = (("x", "*i16"), ("gemm2", "*i16"), ("weights", "*fp32"), ("indices", "*i32"),
+                     ("state", "state"), ("peer_table", "table"), ("multicast_address", "i64"),
+                     ("slots", "i32"), ("num_tokens", "i32"), ("stream", "stream"))
+OWNER_REDUCE_SIGNATURE = (("mailbox", "*i16"), ("sums_table", "table"), ("sums_multicast_address", "i64"),
+                          ("state", "state"), ("error", "error"), ("num_tokens", "i32"), ("timeout_ns", "i64"),
+                          ("slots", "i32"), ("capacity", "i32"), ("stream", "stream"))
+
+
+@dataclass(frozen=True)
+class CuteKernelInstance:
+    name: str           # file-name friendly: kernel, protocol (and variant)
+    kernel: object      # the kernel object ``cute.compile`` takes
+    signature: tuple    # runtime arguments, in order: (name, kind)
+
+
+def kernel_plan(spec: BuildSpec) -> dict[str, CuteKernelInstance]:
+    """Every CuTe DSL kernel of a build, keyed by name (e.g. ``publish_ll``, ``owner_reduce_bt``)."""
+    multicast = spec.transport == "multicast"
+    plan = {}
+    for protocol in spec.protocols:
+        bt = protocol == "bt"
+        for finalize in (False, True):
+            name = f"{'finalize_' if finalize else ''}publish_{protocol}"
+            plan[name] = CuteKernelInstance(name, PublishKernel(
+                hidden=spec.hidden, tp=spec.tp, rank=spec.rank, top_k=spec.top_k, finalize=finalize, bt=bt,
+                multicast=multicast and not bt, use_pdl=spec.use_pdl), PUBLISH_SIGNATURE)
+        if bt:
+            plan["owner_reduce_bt"] = CuteKernelInstance("owner_reduce_bt", OwnerReduceKernel(
+                hidden=spec.hidden, tp=spec.tp, rank=spec.rank, multicast=multicast, use_pdl=spec.use_pdl),
+                OWNER_REDUCE_SIGNATURE)
+    return plan
