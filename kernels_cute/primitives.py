@@ -44,15 +44,20 @@ def load_volatile_v4(address: Int64, *, loc=None, ip=None) -> tuple:
 
 
 @dsl_user_op
-def load_v4(address: Int64, predicate: Int32, *, loc=None, ip=None) -> tuple:
-    """One 16-byte ``ld.global.v4.b32`` of an input fragment, zeros where ``predicate`` is 0 (an
-    unrouted top-k row is never dereferenced). Kept in program order after the PDL wait."""
-    struct = _asm(llvm.StructType.get_literal([T.i32()] * 4),
-                  [Int64(address).ir_value(loc=loc, ip=ip), Int32(predicate).ir_value(loc=loc, ip=ip)],
-                  "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $5, 0;\n\t"
-                  "@!p mov.b32 $0, 0;\n\t@!p mov.b32 $1, 0;\n\t@!p mov.b32 $2, 0;\n\t@!p mov.b32 $3, 0;\n\t"
-                  "@p ld.global.v4.b32 {$0, $1, $2, $3}, [$4];\n\t}",
-                  "=r,=r,=r,=r,l,r,~{memory}", True, loc, ip)
+def load_v4(address: Int64, predicate: Int32 | None = None, *, loc=None, ip=None) -> tuple:
+    """One 16-byte ``ld.global.v4.b32`` of an input fragment; with ``predicate``, zeros where it is 0
+    (an unrouted top-k row is never dereferenced). Kept in program order after the PDL wait."""
+    result = llvm.StructType.get_literal([T.i32()] * 4)
+    operands = [Int64(address).ir_value(loc=loc, ip=ip)]
+    if predicate is None:
+        struct = _asm(result, operands, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l,~{memory}",
+                      True, loc, ip)
+    else:
+        struct = _asm(result, [*operands, Int32(predicate).ir_value(loc=loc, ip=ip)],
+                      "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $5, 0;\n\t"
+                      "@!p mov.b32 $0, 0;\n\t@!p mov.b32 $1, 0;\n\t@!p mov.b32 $2, 0;\n\t@!p mov.b32 $3, 0;\n\t"
+                      "@p ld.global.v4.b32 {$0, $1, $2, $3}, [$4];\n\t}",
+                      "=r,=r,=r,=r,l,r,~{memory}", True, loc, ip)
     return _four_words(struct, loc, ip)
 
 

@@ -49,7 +49,7 @@ def finalize_fragment(shared: cute.Tensor, gemm2: cute.Tensor, weights: cute.Ten
         address = lamport.element_address(gemm2, Int64(rows[k]) * Int64(hidden) + Int64(column))
         routed_words.append(primitives.load_v4(address, Int32(rows[k] != Int32(-1))))
     base = Int64(token) * Int64(hidden) + Int64(column)
-    shared_words = primitives.load_v4(lamport.element_address(shared, base), Int32(1))
+    shared_words = primitives.load_v4(lamport.element_address(shared, base))
 
     acc = [Float32(0.0) for _ in range(LANES)]
     for k in cutlass.range_constexpr(top_k):
@@ -112,7 +112,7 @@ class PublishKernel:
                 words = finalize_fragment(x, gemm2, weights, indices, token, column, self.hidden, self.top_k)
             else:
                 loaded = primitives.load_v4(
-                    lamport.element_address(x, Int64(token) * Int64(self.hidden) + Int64(column)), Int32(1))
+                    lamport.element_address(x, Int64(token) * Int64(self.hidden) + Int64(column)))
                 words = [canonical_zero_word(w) for w in loaded]
             if cutlass.const_expr(self.bt):
                 owner = token % Int32(self.tp)
