@@ -1,8 +1,11 @@
 """``python -m lamport_mhc {info,demo,ptx}`` as a user runs them."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +43,25 @@ def test_ptx_writes_one_named_file_per_kernel(tmp_path):
     assert "multimem.st" in (tmp_path / "triton_publish_ll_multicast_tp2_rank0_sm_90a.ptx").read_text()
 
 
+CUTE_DSL = importlib.util.find_spec("cutlass") is not None
+
+
+def _cute_ptx(tmp_path):
+    return _run("ptx", "--backend", "cute", "--tp", "2", "--hidden", "256", "--hc", "4", "--top-k", "2",
+                "--capacity", "16", "--transport", "peer", "--out", str(tmp_path))
+
+
+@pytest.mark.skipif(CUTE_DSL, reason="nvidia-cutlass-dsl is installed")
 def test_ptx_for_a_missing_backend_says_why(tmp_path):
-    result = _run("ptx", "--backend", "cute", "--tp", "2", "--hidden", "256", "--hc", "4", "--top-k", "2",
-                  "--capacity", "16", "--transport", "peer", "--out", str(tmp_path))
+    result = _cute_ptx(tmp_path)
     assert result.returncode == 2 and "cannot compile the cute backend" in result.stderr
+
+
+@pytest.mark.skipif(not CUTE_DSL, reason="needs nvidia-cutlass-dsl (pip install 'lamport-mhc[cute-compile]')")
+def test_ptx_of_the_cute_backend(tmp_path):
+    result = _cute_ptx(tmp_path)
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in tmp_path.iterdir())
+    for kernel in ("publish_ll", "finalize_publish_bt", "owner_reduce_bt"):
+        assert f"cute_{kernel}_peer_tp2_rank0_sm_90a.ptx" in names
+    assert ".target sm_90a" in (tmp_path / "cute_publish_ll_peer_tp2_rank0_sm_90a.ptx").read_text()

@@ -60,7 +60,8 @@ def test_support_on_a_cpu_machine_says_why():
     table = support_table(spec, torch.device("cpu"))
     assert not table["triton"].ok and "SimulatedGroup" in table["triton"].reason
     assert not table["cute"].ok and table["cute"].reason
-    assert isinstance(load_backend("cute"), Support)
+    cute = load_backend("cute")  # a Support without nvidia-cutlass-dsl, else a backend that says no here
+    assert isinstance(cute, Support) or not cute.support(spec, torch.device("cpu")).ok
     with pytest.raises(ValueError, match="unknown fused backend"):
         load_backend("torch")
 
