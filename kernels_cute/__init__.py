@@ -5,9 +5,10 @@ bits as ``kernels_triton``, structured like FlashInfer's ``comm/mnnvl_cutedsl``.
   contract's ``.rn`` fp32 operations, PDL, the spin-bound clock, cluster/DSMEM helpers);
 - ``numerics``: bf16 <-> fp32 on integer bits (round to nearest even, NaN -> 0x7FC0, -0.0 -> +0.0);
 - ``lamport``: polling with the spin bound, re-arming, broadcasting to every rank, generations;
-- ``publish``, ``owner_reduce``: the device kernels (the mHC consumer is not written yet);
+- ``publish``, ``owner_reduce``, ``consumer``: the device kernels (LL's one-kernel forms are not
+  written yet);
 - ``plan``, ``offline``: the kernels of a build and their PTX, compiled without a GPU;
-- ``backend``: ``CuteBackend``, which says it cannot run until the consumer exists.
+- ``backend``: ``CuteBackend``, which says it cannot run: no host launcher yet, nothing verified on a GPU.
 
 Importing anything but ``backend`` needs nvidia-cutlass-dsl and cuda-python (``[cute]`` extra).
 """

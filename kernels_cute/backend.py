@@ -1,6 +1,7 @@
-"""The CuTe DSL backend (in progress): the publish and owner-reduce kernels exist and compile offline
-for sm_90a and sm_100a; the mHC consumer kernels do not yet, so no build can run and ``support``
-says so.
+"""The CuTe DSL backend (in progress): the publish, owner-reduce and mHC consumer kernels exist and
+compile offline for sm_90a and sm_100a, but there is no host launcher yet and none of them has run on
+a GPU (their bits are unverified), so no build can run and ``support`` says so. LL's one-kernel
+forms are not written yet.
 
 Importing this module imports CuTe DSL's packages (not the kernels), so that
 ``lamport_mhc.backend.load_backend("cute")`` answers ``Support.no`` with what to install where they
@@ -24,7 +25,8 @@ except Exception as error:  # a broken installation must not break the other bac
     raise ImportError(f"nvidia-cutlass-dsl failed to import ({type(error).__name__}: {error})") from error
 
 MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL), multimem.st, thread-block clusters
-NOT_IMPLEMENTED = "the CuTe DSL consumer kernels are not implemented yet"
+NOT_IMPLEMENTED = ("the CuTe DSL kernels only compile offline: there is no host launcher yet and they are not "
+                   "runnable until verified on a GPU")
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +46,12 @@ class CuteBackend:
         return Support.no(f"{NOT_IMPLEMENTED}; use backend='triton' (or 'auto')")
 
     def build(self, spec: BuildSpec, workspace, interpret: bool = False):
-        raise NotImplementedError(f"{NOT_IMPLEMENTED}: the cute backend cannot build a call yet (its publish and "
-                                  "owner-reduce kernels compile offline: CuteBackend().compile_offline(spec, arch))")
+        raise NotImplementedError(f"{NOT_IMPLEMENTED}: the cute backend cannot build a call yet (its kernels "
+                                  "compile offline: CuteBackend().compile_offline(spec, arch))")
 
     def compile_offline(self, spec: BuildSpec, arch: str) -> dict[str, str]:
-        """PTX of the CuTe DSL kernels of ``spec`` that exist so far (publishes, owner reduce)."""
+        """PTX of the CuTe DSL kernels of ``spec`` that exist so far (publishes, owner reduce, consumers;
+        not LL's one-kernel forms)."""
         from .offline import compile_ptx
         ptx = compile_ptx(spec, arch)
         logger.warning("%s: compiled only %s", NOT_IMPLEMENTED, ", ".join(ptx))

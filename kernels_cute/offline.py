@@ -23,10 +23,10 @@ def parse_arch(arch: str) -> str:
 def fake_argument(kind: str, spec: BuildSpec):
     """A stand-in for one runtime argument of a kernel's signature (see ``plan``)."""
     import cutlass.cute as cute
-    from cutlass import Float32, Int16, Int32, Int64
+    from cutlass import Float32, Int16, Int32, Int64, Uint8
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    buffers = {"*i16": (Int16, 16, 8), "*fp32": (Float32, 4, 1), "*i32": (Int32, 4, 1)}
+    buffers = {"*i16": (Int16, 16, 8), "*fp32": (Float32, 4, 1), "*i32": (Int32, 4, 1), "*u8": (Uint8, 16, 16)}
     if kind in buffers:
         dtype, align, divisibility = buffers[kind]
         return make_fake_compact_tensor(dtype, (cute.sym_int(divisibility=divisibility),), assumed_align=align)
@@ -42,6 +42,8 @@ def fake_argument(kind: str, spec: BuildSpec):
         return Int32(1)
     if kind == "i64":
         return Int64(0)
+    if kind == "f32":
+        return Float32(1e-6)
     if kind == "stream":
         return make_fake_stream()
     raise ValueError(f"unknown argument kind {kind!r}")

@@ -2,7 +2,7 @@
 ``kernels_triton.plan`` for every kernel both backends have; the launcher and the offline PTX
 compiler both read this, so what ``ptx`` writes is what the GPU would run.
 
-Not yet here: the mHC consumers (``consumer_{ll,bt}_{variant}``) and LL's one-kernel forms.
+Not yet here: LL's one-kernel forms (``one_kernel_ll_{variant}``, ``one_kernel_finalize_ll_{variant}``).
 """
 
 from __future__ import annotations
@@ -11,19 +11,24 @@ from dataclasses import dataclass
 
 from lamport_mhc.backend import BuildSpec
 
+from .consumer import ConsumerKernel
 from .owner_reduce import OwnerReduceKernel
 from .publish import PublishKernel
 
 # Runtime arguments in order, by kind (see ``offline.fake_argument``):
-#   "*i16" / "*fp32" / "*i32": 1-D device buffers of any length (bf16 data travels as int16 bits);
+#   "*i16" / "*fp32" / "*i32" / "*u8": 1-D device buffers of any length (bf16 data travels as int16 bits);
 #   "state": int32 [3] generation state; "error": int32 [4]; "table": int64 [tp] of addresses;
-#   "i32" / "i64": scalars; "stream": the CUDA stream.
+#   "i32" / "i64" / "f32": scalars; "stream": the CUDA stream.
 PUBLISH_SIGNATURE = (("x", "*i16"), ("gemm2", "*i16"), ("weights", "*fp32"), ("indices", "*i32"),
                      ("state", "state"), ("peer_table", "table"), ("multicast_address", "i64"),
                      ("slots", "i32"), ("num_tokens", "i32"), ("stream", "stream"))
 OWNER_REDUCE_SIGNATURE = (("mailbox", "*i16"), ("sums_table", "table"), ("sums_multicast_address", "i64"),
                           ("state", "state"), ("error", "error"), ("num_tokens", "i32"), ("timeout_ns", "i64"),
                           ("slots", "i32"), ("capacity", "i32"), ("stream", "stream"))
+CONSUMER_SIGNATURE = (("mailbox", "*i16"), ("residual", "*i16"), ("post", "*fp32"), ("comb", "*fp32"),
+                      ("pre", "*fp32"), ("gamma", "*i16"), ("residual_out", "*i16"), ("layer_out", "*i16"),
+                      ("values", "*u8"), ("scales", "*u8"), ("state", "state"), ("error", "error"), ("eps", "f32"),
+                      ("num_tokens", "i32"), ("timeout_ns", "i64"), ("capacity", "i32"), ("stream", "stream"))
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,8 @@ class CuteKernelInstance:
 
 
 def kernel_plan(spec: BuildSpec) -> dict[str, CuteKernelInstance]:
-    """Every CuTe DSL kernel of a build, keyed by name (e.g. ``publish_ll``, ``owner_reduce_bt``)."""
+    """Every CuTe DSL kernel of a build, keyed by name (e.g. ``publish_ll``, ``owner_reduce_bt``,
+    ``consumer_ll_quant``)."""
     multicast = spec.transport == "multicast"
     plan = {}
     for protocol in spec.protocols:
@@ -48,4 +54,9 @@ def kernel_plan(spec: BuildSpec) -> dict[str, CuteKernelInstance]:
             plan["owner_reduce_bt"] = CuteKernelInstance("owner_reduce_bt", OwnerReduceKernel(
                 hidden=spec.hidden, tp=spec.tp, rank=spec.rank, multicast=multicast, use_pdl=spec.use_pdl),
                 OWNER_REDUCE_SIGNATURE)
+        for variant in spec.variants:
+            name = f"consumer_{protocol}_{variant}"
+            plan[name] = CuteKernelInstance(name, ConsumerKernel(
+                hidden=spec.hidden, hc=spec.hc, tp=spec.tp, variant=variant, bt=bt, use_pdl=spec.use_pdl),
+                CONSUMER_SIGNATURE)
     return plan

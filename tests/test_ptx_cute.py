@@ -10,26 +10,31 @@ import torch
 pytest.importorskip("cutlass.cute")
 
 from kernels_cute.backend import NOT_IMPLEMENTED, CuteBackend
+from kernels_cute.consumer import ConsumerKernel, tree_adds
 from kernels_cute.offline import compile_ptx, parse_arch
 from lamport_mhc.backend import BuildSpec, load_backend
 
 TP, HC, TOP_K, RANK = 2, 4, 6, 1
 LANES = 8  # bf16 per 16-byte fragment, one fragment per thread
-KERNELS = ("publish_ll", "finalize_publish_ll", "publish_bt", "finalize_publish_bt", "owner_reduce_bt")
+CONSUMERS = tuple(f"consumer_{protocol}_{variant}" for protocol in ("ll", "bt")
+                  for variant in ("plain", "quant", "residual"))
+KERNELS = ("publish_ll", "finalize_publish_ll", "publish_bt", "finalize_publish_bt", "owner_reduce_bt") + CONSUMERS
 BROADCASTS = ("publish_ll", "finalize_publish_ll", "owner_reduce_bt")  # multicast where the build has it
+# 1536: a token spans 2 CTAs, the second half empty (threads past H); 768: one CTA of 3 warps.
 BUILDS = [(transport, hidden, arch) for transport in ("peer", "multicast") for hidden in (1024, 5120)
-          for arch in ("sm_90a", "sm_100a")]
+          for arch in ("sm_90a", "sm_100a")] + [("peer", 1536, "sm_90a"), ("peer", 768, "sm_100a")]
+
+
+def _spec(hidden, transport="peer", **kwargs):
+    return BuildSpec(hidden=hidden, hc=HC, capacity=64, top_k=TOP_K, tp=TP, rank=RANK, bt=True, quantize=True,
+                     residual_only=True, transport=transport, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    """PTX of every build, compiled once for the module."""
-    ptx = {}
-    for transport, hidden, arch in BUILDS:
-        spec = BuildSpec(hidden=hidden, hc=HC, capacity=64, top_k=TOP_K, tp=TP, rank=RANK, bt=True,
-                         transport=transport)
-        ptx[transport, hidden, arch] = compile_ptx(spec, arch)
-    return ptx
+    """PTX of every build, compiled once for the module (about a minute for all 10 builds)."""
+    return {(transport, hidden, arch): compile_ptx(_spec(hidden, transport), arch)
+            for transport, hidden, arch in BUILDS}
 
 
 def _ops(ptx: str, pattern: str) -> list[str]:
@@ -62,6 +67,14 @@ def test_multicast_stores_only_in_multicast_builds(compiled):
 def test_peer_stores_are_16_bytes_one_per_destination(compiled):
     for transport, _, _, name, text in _each(compiled):
         stores = len(_ops(text, r"st\.global\.v4\.b32"))
+        if name.startswith("consumer"):
+            # hc residual streams (+ the layer input), then the re-arm of every slot read
+            rearms = TP if "_ll_" in name else 1
+            assert stores == HC + (0 if name.endswith("residual") else 1) + rearms, (transport, name)
+            # the 8 MXFP8 values of a thread: one 8-byte store; scale words and state are b32
+            assert len(_ops(text, r"st\.global\.v2\.b32")) == (1 if name.endswith("quant") else 0), name
+            assert not _ops(text, r"st\.global\.(v2\.)?(b|u|s)(8|16|64)\b"), (transport, name)
+            continue
         if name.endswith("publish_bt"):
             assert stores == 1, (transport, name)  # the owner only
         elif name.endswith("publish_ll"):
@@ -76,7 +89,13 @@ def test_peer_stores_are_16_bytes_one_per_destination(compiled):
 def test_owner_reduce_polls_16_bytes_volatile_and_rearms(compiled):
     for _, _, _, name, text in _each(compiled):
         polls = _ops(text, r"ld\.volatile\.global\.v4\.b32")
-        if name == "owner_reduce_bt":
+        if name.startswith("consumer"):
+            # LL: every source's fragment, BT: the owners' sum; each loaded before and in its spin loop
+            assert len(polls) == 2 * (TP if "_ll_" in name else 1), name
+            assert not _ops(text, r"ld\.volatile\.global\.(b|u|s)(8|16)\b"), name
+            assert str(0x80008000 - (1 << 32)) in text, name
+            assert "atom.acq_rel.gpu.global.cas.b32" in text and "%globaltimer" in text, name
+        elif name == "owner_reduce_bt":
             assert len(polls) >= TP, name  # every source's fragment, re-loaded in its spin loop
             assert not _ops(text, r"ld\.volatile\.global\.(b|u|s)(8|16)\b"), name
             assert str(0x80008000 - (1 << 32)) in text, name  # the sentinel pair it re-arms with
@@ -85,9 +104,63 @@ def test_owner_reduce_polls_16_bytes_volatile_and_rearms(compiled):
             assert not polls, name  # publishes never wait
 
 
+def _consumer_counts(name: str, hidden: int) -> dict[str, int]:
+    """The contract's fp32 operations of one consumer thread, each an explicit ``.rn`` instruction."""
+    ll, norm, quant = "_ll_" in name, not name.endswith("residual"), name.endswith("quant")
+    kernel = ConsumerKernel(hidden=hidden, hc=HC, tp=TP, variant=name.rsplit("_", 1)[1], bt=not ll, use_pdl=True)
+    # the rank-order sum (LL); per cluster: 3 levels over a thread's lanes, 5 butterfly levels, the tree of
+    # the warps' slots (padding folded), + eps
+    adds = (TP * LANES if ll else 0) + (7 + 5 + tree_adds(kernel.slots, kernel.tree_slots) + 1 if norm else 0)
+    return {
+        "fma.rn.f32": LANES * HC * HC + (LANES * HC if norm else 0),   # post-mix, collapse
+        "mul.rn.f32": LANES * HC + (3 * LANES if norm else 0) + (1 + LANES if quant else 0),
+        "add.rn.f32": adds,
+        "div.rn.f32": 2 if norm else 0,   # ss / H, 1 / sqrt
+        "sqrt.rn.f32": 1 if norm else 0,
+    }
+
+
+def test_consumer_contract_arithmetic(compiled):
+    for _, hidden, _, name, text in _each(compiled):
+        if not name.startswith("consumer"):
+            continue
+        for op, count in _consumer_counts(name, hidden).items():
+            assert len(_ops(text, re.escape(op) + r"\b")) == count, (name, hidden, op)
+        arithmetic = set(_ops(text, r"\b(?:add|sub|mul|fma|mad|div|sqrt|rsqrt|rcp|neg|abs|min|max)(?:\.\w+)*\.f32\b"))
+        allowed = {"add.rn.f32", "fma.rn.f32", "mul.rn.f32", "div.rn.f32", "sqrt.rn.f32"}
+        if name.endswith("quant"):
+            # FlashInfer's clamp to +-448 before cvt.rn.satfinite.e4m3x2 (no rounding involved)
+            allowed |= {"min.f32", "max.f32"}
+            assert len(_ops(text, r"cvt\.rn\.satfinite\.e4m3x2\.f32")) == LANES // 2, name
+            assert len(_ops(text, r"\bmin\.f32")) == len(_ops(text, r"\bmax\.f32")) == LANES, name
+        assert arithmetic <= allowed, (name, arithmetic)
+        # no fp32 arithmetic without an explicit rounding mode (which NVVM or ptxas could contract)
+        assert not _ops(text, r"\b(?:add|sub|mul|fma|div|sqrt)\.f32\b"), name
+
+
+def test_consumer_cluster_reduction(compiled):
+    """The norm variants reduce the sum of squares over the token's cluster through DSMEM: every CTA
+    announces it started, waits for the others before the first remote store, and a second cluster
+    barrier publishes the stores before any CTA reads its slots."""
+    for _, hidden, _, name, text in _each(compiled):
+        if not name.startswith("consumer"):
+            continue
+        cluster = _ops(text, r"mapa\.shared::cluster|st\.shared::cluster|barrier\.cluster\.[\w.]+|ld\.shared\.f32")
+        if name.endswith("residual"):
+            assert not cluster, name
+            continue
+        slots = ConsumerKernel(hidden=hidden, hc=HC, tp=TP, variant="plain", bt=False, use_pdl=True).slots
+        assert cluster == (["barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.acquire.aligned",
+                            "mapa.shared::cluster", "st.shared::cluster", "barrier.cluster.arrive.release.aligned",
+                            "barrier.cluster.wait.acquire.aligned"] + ["ld.shared.f32"] * slots), (name, hidden)
+        assert len(_ops(text, r"shfl\.sync\.bfly\.b32")) == 5 + (4 if name.endswith("quant") else 0), name
+
+
 def test_contract_rounding(compiled):
     for _, _, _, name, text in _each(compiled):
         assert not _ops(text, r"rsqrt\.approx|sqrt\.approx|div\.full|div\.approx|ex2\.approx|\.ftz"), name
+        if name.startswith("consumer"):
+            continue  # test_consumer_contract_arithmetic
         fmas = _ops(text, r"\bfma\.[\w.]+")
         adds = _ops(text, r"\badd\.rn\.f32")
         if name.startswith("finalize_publish"):
@@ -107,14 +180,45 @@ def test_contract_rounding(compiled):
 def test_pdl_waits_before_any_global_load(compiled):
     for _, _, _, name, text in _each(compiled):
         assert "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text, name
-        first_load = re.search(r"ld\.(volatile\.)?global", text)
-        assert first_load and text.index("griddepcontrol.wait") < first_load.start(), name
+        wait = text.index("griddepcontrol.wait")
+        if name.startswith("consumer"):
+            # A consumer reads its inputs (complete before the publish let it start) before the wait,
+            # the generation state and the mailbox after it; it stores nothing before it.
+            first_load = re.search(r"ld\.volatile\.global", text)
+            first_store = re.search(r"\bst\.global|atom\.", text)
+            assert first_store and wait < first_store.start(), name
+        else:
+            first_load = re.search(r"ld\.(volatile\.)?global", text)
+        assert first_load and wait < first_load.start(), name
+        assert text.index("griddepcontrol.launch_dependents") > text.rindex("st.global"), name
 
 
 def test_no_pdl_build_has_no_griddepcontrol():
-    spec = BuildSpec(hidden=256, hc=HC, capacity=8, top_k=2, tp=TP, rank=0, bt=True, use_pdl=False)
-    for name, text in compile_ptx(spec, "sm_90a").items():
+    spec = BuildSpec(hidden=256, hc=HC, capacity=8, top_k=2, tp=TP, rank=0, bt=True, quantize=True,
+                     residual_only=True, use_pdl=False)
+    kernels = compile_ptx(spec, "sm_90a")
+    assert sorted(kernels) == sorted(KERNELS)
+    for name, text in kernels.items():
         assert "griddepcontrol" not in text, name
+
+
+def test_consumer_shapes():
+    # one thread per 16-byte fragment, 128 threads per CTA, one cluster per token
+    assert [(k.threads, k.ctas, k.slots, k.tree_slots) for k in (
+        ConsumerKernel(hidden=h, hc=HC, tp=TP, variant="plain", bt=False, use_pdl=True)
+        for h in (256, 768, 4096, 5120, 7168, 8192))] == [
+        (32, 1, 1, 1), (96, 1, 3, 4), (128, 4, 16, 16), (128, 5, 20, 32), (128, 7, 28, 32), (128, 8, 32, 32)]
+    with pytest.raises(ValueError, match="cluster"):
+        ConsumerKernel(hidden=8192 + 1024, hc=HC, tp=TP, variant="plain", bt=False, use_pdl=True)
+    ConsumerKernel(hidden=8192 + 1024, hc=HC, tp=TP, variant="residual", bt=False, use_pdl=True)  # no norm
+    with pytest.raises(ValueError, match="128"):
+        ConsumerKernel(hidden=1088, hc=HC, tp=TP, variant="quant", bt=False, use_pdl=True)
+
+
+def test_tree_adds_matches_the_padded_tree():
+    # 20 slots padded to 32: 10 + 5 + 3 (x + 0 included) + 2 + 1 adds; 0 + 0 nodes are folded
+    assert tree_adds(20, 32) == 21
+    assert tree_adds(16, 16) == 15 and tree_adds(3, 4) == 3 and tree_adds(1, 1) == 0
 
 
 def test_arch_names():
