@@ -9,6 +9,11 @@ Specialized at construction:
   with the sentinel; LL advances the generation (BT's owner reduce already did).
 - ``variant``: "plain", "quant" (also MXFP8 values and swizzled 128x4 UE8M0 scales, zeroing the
   scales of the padding rows up to a multiple of 128), "residual" (writes only the streams).
+- ``publish`` (LL only): None, the publish kernel ran before; "x" or "finalize": the call is one
+  kernel, whose CTAs first store their fragments of the token's contribution (``x`` or the MoE
+  finalize) into every rank's mailbox at the generation NEXT, count themselves in STATE_ARRIVED, and
+  then consume; the last CTA to arrive resets the count and advances NEXT. Every CTA must be
+  resident at once (each waits for its twins on the other ranks).
 
 Grid (M, ctas), block ``threads``: each thread owns one 16-byte fragment (8 bf16) of its token, so
 a token spans ``ctas`` CTAs (H = 5120: 5 x 128 threads). Variants with the norm launch those CTAs as
@@ -36,8 +41,9 @@ from cutlass import Boolean, Float32, Int32, Int64, Uint32
 from lamport_mhc import layout
 
 from . import lamport, primitives
-from .numerics import LANES, WORDS, as_bits, as_f32, canonical_zero, f32_to_bf16, high_f32, low_f32, pack, select
-from .publish import launch_shape
+from .numerics import (LANES, WORDS, as_bits, as_f32, canonical_zero, canonical_zero_word, f32_to_bf16, high_f32,
+                       low_f32, pack, select)
+from .publish import finalize_fragment, launch_shape
 
 VARIANTS = ("plain", "quant", "residual")
 WARP = 32
@@ -152,14 +158,20 @@ class ConsumerKernel:
     """The mHC consumer of one protocol and variant; ``cute.compile(ConsumerKernel(...), *args)`` with
     the arguments of ``__call__``."""
 
-    def __init__(self, *, hidden: int, hc: int, tp: int, variant: str, bt: bool, use_pdl: bool):
+    def __init__(self, *, hidden: int, hc: int, tp: int, variant: str, bt: bool, use_pdl: bool,
+                 publish: str | None = None, rank: int = 0, top_k: int = 1, multicast: bool = False):
         if hidden % LANES:
             raise ValueError(f"hidden must be a multiple of {LANES}, got {hidden}")
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if variant == "quant" and hidden % layout.HIDDEN_MULTIPLE_MXFP8:
             raise ValueError(f"the quant consumer needs hidden % {layout.HIDDEN_MULTIPLE_MXFP8} == 0, got {hidden}")
+        if publish not in (None, "x", "finalize"):
+            raise ValueError(f"publish must be None, 'x' or 'finalize', got {publish!r}")
+        if publish is not None and bt:
+            raise ValueError("only LL calls run as one kernel")
         self.hidden, self.hc, self.tp, self.variant, self.bt, self.use_pdl = hidden, hc, tp, variant, bt, use_pdl
+        self.publish, self.rank, self.top_k, self.multicast = publish, rank, top_k, multicast
         self.fragments = hidden // LANES
         self.threads, self.ctas = launch_shape(hidden)
         self.norm = variant != "residual"
@@ -176,14 +188,20 @@ class ConsumerKernel:
     def __call__(self, mailbox: cute.Tensor, residual: cute.Tensor, post: cute.Tensor, comb: cute.Tensor,
                  pre: cute.Tensor, gamma: cute.Tensor, residual_out: cute.Tensor, layer_out: cute.Tensor,
                  values: cute.Tensor, scales: cute.Tensor, state: cute.Tensor, error: cute.Tensor, eps: Float32,
-                 num_tokens: Int32, timeout_ns: Int64, capacity: Int32, stream: cuda.CUstream):
+                 num_tokens: Int32, timeout_ns: Int64, capacity: Int32, x: cute.Tensor, gemm2: cute.Tensor,
+                 weights: cute.Tensor, indices: cute.Tensor, peer_table: cute.Tensor, multicast_address: Int64,
+                 stream: cuda.CUstream):
         """``mailbox``: int16, LL [3][tp][capacity][H] contributions or BT [3][capacity][H] sums;
         ``residual``/``residual_out`` int16 [M*hc*H]; ``post``, ``pre`` fp32 [M*hc]; ``comb`` fp32
         [M*hc*hc] as [token, source, target]; ``gamma`` int16 [H]; ``layer_out`` int16 [M*H];
         ``values`` uint8 [M*H] and ``scales`` uint8 (swizzled) for quant; ``state`` int32 [3] of the
-        protocol; ``error`` int32 [4]; ``timeout_ns``: 0 waits forever."""
+        protocol; ``error`` int32 [4]; ``timeout_ns``: 0 waits forever. One-kernel forms only (as the
+        publish kernel): ``x`` int16 [M*H] (the contribution, or the shared expert output), ``gemm2``,
+        ``weights``, ``indices`` (finalize), ``peer_table`` int64 [tp] of the LL mailbox's addresses and
+        its ``multicast_address``."""
         kernel = self.kernel(mailbox, residual, post, comb, pre, gamma, residual_out, layer_out, values, scales,
-                             state, error, eps, num_tokens, timeout_ns, capacity)
+                             state, error, eps, num_tokens, timeout_ns, capacity, x, gemm2, weights, indices,
+                             peer_table, multicast_address)
         if cutlass.const_expr(self.norm):
             kernel.launch(grid=(num_tokens, self.ctas, 1), block=(self.threads, 1, 1), cluster=(1, self.ctas, 1),
                           smem=self.slots * 4, stream=stream, use_pdl=self.use_pdl)
@@ -195,7 +213,8 @@ class ConsumerKernel:
     def kernel(self, mailbox: cute.Tensor, residual: cute.Tensor, post: cute.Tensor, comb: cute.Tensor,
                pre: cute.Tensor, gamma: cute.Tensor, residual_out: cute.Tensor, layer_out: cute.Tensor,
                values: cute.Tensor, scales: cute.Tensor, state: cute.Tensor, error: cute.Tensor, eps: Float32,
-               num_tokens: Int32, timeout_ns: Int64, capacity: Int32):
+               num_tokens: Int32, timeout_ns: Int64, capacity: Int32, x: cute.Tensor, gemm2: cute.Tensor,
+               weights: cute.Tensor, indices: cute.Tensor, peer_table: cute.Tensor, multicast_address: Int64):
         hidden, hc = self.hidden, self.hc
         tidx, _, _ = cute.arch.thread_idx()
         token, chunk, _ = cute.arch.block_idx()
@@ -206,8 +225,14 @@ class ConsumerKernel:
             # This CTA has started: peers may store into its shared memory after their cluster_wait.
             primitives.cluster_arrive_relaxed()
 
-        # Inputs first, so their latencies overlap the wait: they were complete before the publish
-        # kernel (which waited for its predecessor) let this kernel start.
+        generation = Int32(0)
+        if cutlass.const_expr(self.publish is not None):
+            # One kernel: nothing ran before it in this call, so it waits before its first load.
+            if cutlass.const_expr(self.use_pdl):
+                primitives.grid_dependency_wait()
+            generation = primitives.load_volatile_b32(lamport.element_address(state, Int64(lamport.STATE_NEXT)))
+        # Inputs first, so their latencies overlap the wait: after a publish kernel (which waited for
+        # its predecessor before letting this kernel start) they are complete.
         streams = [primitives.load_v4(lamport.element_address(
             residual, (Int64(token) * Int64(hc) + Int64(s)) * Int64(hidden) + Int64(column)), Int32(in_row))
             for s in range(hc)]
@@ -220,17 +245,35 @@ class ConsumerKernel:
             pre_mix = [Float32(pre[token * Int32(hc) + Int32(j)]) for j in range(hc)]
             gamma_words = list(primitives.load_v4(lamport.element_address(gamma, Int64(column)), Int32(in_row)))
 
-        if cutlass.const_expr(self.use_pdl):
-            primitives.grid_dependency_wait()
-        generation = primitives.load_volatile_b32(lamport.element_address(state, Int64(lamport.STATE_ACTIVE)))
+        if cutlass.const_expr(self.publish is None):
+            if cutlass.const_expr(self.use_pdl):
+                primitives.grid_dependency_wait()
+            generation = primitives.load_volatile_b32(lamport.element_address(state, Int64(lamport.STATE_ACTIVE)))
         gen = Int64(generation)
+        arrived = Int32(0)
+        if cutlass.const_expr(self.publish is not None):
+            if in_row:
+                if cutlass.const_expr(self.publish == "finalize"):
+                    words = finalize_fragment(x, gemm2, weights, indices, token, column, hidden, self.top_k)
+                else:
+                    words = [canonical_zero_word(w) for w in primitives.load_v4(
+                        lamport.element_address(x, Int64(token) * Int64(hidden) + Int64(column)))]
+                slot = ((gen * Int64(self.tp) + Int64(self.rank)) * Int64(capacity) + Int64(token)) * Int64(hidden) \
+                    + Int64(column)
+                lamport.broadcast(words, slot, peer_table, multicast_address, self.tp, self.multicast)
+            # Every thread of the CTA has read NEXT; the CTA counts itself in, and the last of the
+            # call's CTAs advances NEXT at the end (the atomic's round trip overlaps the wait).
+            cute.arch.sync_threads()
+            if tidx == Int32(0):
+                arrived = primitives.atomic_add_b32(
+                    lamport.element_address(state, Int64(layout.STATE_ARRIVED)), Int32(1))
 
         r0, r1, r2, r3 = Uint32(0), Uint32(0), Uint32(0), Uint32(0)
         if in_row:
             r0, r1, r2, r3 = reduced_fragment(mailbox, gen, generation, token, column, timeout_ns, error, capacity,
                                               self.tp, hidden, self.bt)
         reduced = [r0, r1, r2, r3]
-        if cutlass.const_expr(not self.bt):
+        if cutlass.const_expr((not self.bt) and self.publish is None):
             if (token == Int32(0)) & (chunk == Int32(0)) & (tidx == Int32(0)):
                 primitives.store_b32(lamport.element_address(state, Int64(lamport.STATE_NEXT)),
                                      lamport.next_generation(generation))
@@ -270,6 +313,11 @@ class ConsumerKernel:
                                     [pack(layer[2 * i], layer[2 * i + 1]) for i in range(WORDS)])
             if cutlass.const_expr(self.quant):
                 self.store_mxfp8(layer, values, scales, token, num_tokens, fragment, column, in_row, tidx)
+        if cutlass.const_expr(self.publish is not None):
+            if (tidx == Int32(0)) & (arrived == num_tokens * Int32(self.ctas) - Int32(1)):
+                primitives.store_b32(lamport.element_address(state, Int64(layout.STATE_ARRIVED)), Int32(0))
+                primitives.store_b32(lamport.element_address(state, Int64(lamport.STATE_NEXT)),
+                                     lamport.next_generation(generation))
         if cutlass.const_expr(self.use_pdl):
             primitives.launch_dependents()
 

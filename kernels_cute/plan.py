@@ -2,7 +2,8 @@
 ``kernels_triton.plan`` for every kernel both backends have; the launcher and the offline PTX
 compiler both read this, so what ``ptx`` writes is what the GPU would run.
 
-Not yet here: LL's one-kernel forms (``one_kernel_ll_{variant}``, ``one_kernel_finalize_ll_{variant}``).
+Consumers: ``consumer_{ll,bt}_{variant}`` and, where ``spec.ll_one_kernel_rows > 0``, LL's one-kernel
+forms ``one_kernel_ll_{variant}`` and ``one_kernel_finalize_ll_{variant}``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ OWNER_REDUCE_SIGNATURE = (("mailbox", "*i16"), ("sums_table", "table"), ("sums_m
 CONSUMER_SIGNATURE = (("mailbox", "*i16"), ("residual", "*i16"), ("post", "*fp32"), ("comb", "*fp32"),
                       ("pre", "*fp32"), ("gamma", "*i16"), ("residual_out", "*i16"), ("layer_out", "*i16"),
                       ("values", "*u8"), ("scales", "*u8"), ("state", "state"), ("error", "error"), ("eps", "f32"),
-                      ("num_tokens", "i32"), ("timeout_ns", "i64"), ("capacity", "i32"), ("stream", "stream"))
+                      ("num_tokens", "i32"), ("timeout_ns", "i64"), ("capacity", "i32"),
+                      # one-kernel LL forms only, as the publish's
+                      ("x", "*i16"), ("gemm2", "*i16"), ("weights", "*fp32"), ("indices", "*i32"),
+                      ("peer_table", "table"), ("multicast_address", "i64"), ("stream", "stream"))
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,14 @@ def kernel_plan(spec: BuildSpec) -> dict[str, CuteKernelInstance]:
             plan["owner_reduce_bt"] = CuteKernelInstance("owner_reduce_bt", OwnerReduceKernel(
                 hidden=spec.hidden, tp=spec.tp, rank=spec.rank, multicast=multicast, use_pdl=spec.use_pdl),
                 OWNER_REDUCE_SIGNATURE)
-        for variant in spec.variants:
-            name = f"consumer_{protocol}_{variant}"
-            plan[name] = CuteKernelInstance(name, ConsumerKernel(
-                hidden=spec.hidden, hc=spec.hc, tp=spec.tp, variant=variant, bt=bt, use_pdl=spec.use_pdl),
-                CONSUMER_SIGNATURE)
+        consumers = {"consumer": None}
+        if not bt and spec.ll_one_kernel_rows > 0:
+            consumers.update({"one_kernel": "x", "one_kernel_finalize": "finalize"})
+        for prefix, publish in consumers.items():
+            for variant in spec.variants:
+                name = f"{prefix}_{protocol}_{variant}"
+                plan[name] = CuteKernelInstance(name, ConsumerKernel(
+                    hidden=spec.hidden, hc=spec.hc, tp=spec.tp, variant=variant, bt=bt, use_pdl=spec.use_pdl,
+                    publish=publish, rank=spec.rank, top_k=spec.top_k, multicast=multicast),
+                    CONSUMER_SIGNATURE)
     return plan

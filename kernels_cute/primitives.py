@@ -241,3 +241,11 @@ def store_v2(address: Int64, words, *, loc=None, ip=None) -> None:
     """One 8-byte ``st.global.v2.b32``: a thread's 8 MXFP8 values."""
     _asm(None, [Int64(address).ir_value(loc=loc, ip=ip), *_words(words, loc, ip)],
          "st.global.v2.b32 [$0], {$1, $2};", "l,r,r,~{memory}", True, loc, ip)
+
+
+@dsl_user_op
+def atomic_add_b32(address: Int64, value: Int32, *, loc=None, ip=None) -> Int32:
+    """``atom.acq_rel.gpu.global.add.u32``: a one-kernel LL call's CTAs count themselves in (returns
+    the count before this one)."""
+    return Int32(_asm(T.i32(), [Int64(address).ir_value(loc=loc, ip=ip), Int32(value).ir_value(loc=loc, ip=ip)],
+                      "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r,~{memory}", True, loc, ip))

@@ -18,8 +18,11 @@ TP, HC, TOP_K, RANK = 2, 4, 6, 1
 LANES = 8  # bf16 per 16-byte fragment, one fragment per thread
 CONSUMERS = tuple(f"consumer_{protocol}_{variant}" for protocol in ("ll", "bt")
                   for variant in ("plain", "quant", "residual"))
+ONE_KERNEL = tuple(f"{prefix}_ll_{variant}" for prefix in ("one_kernel", "one_kernel_finalize")
+                   for variant in ("plain", "quant", "residual"))
 KERNELS = ("publish_ll", "finalize_publish_ll", "publish_bt", "finalize_publish_bt", "owner_reduce_bt") + CONSUMERS
-BROADCASTS = ("publish_ll", "finalize_publish_ll", "owner_reduce_bt")  # multicast where the build has it
+BROADCASTS = ("publish_ll", "finalize_publish_ll", "owner_reduce_bt") + ONE_KERNEL  # multicast where the build has it
+ONE_KERNEL_HIDDEN = 5120  # the builds with LL's one-kernel forms
 # 1536: a token spans 2 CTAs, the second half empty (threads past H); 768: one CTA of 3 warps.
 BUILDS = [(transport, hidden, arch) for transport in ("peer", "multicast") for hidden in (1024, 5120)
           for arch in ("sm_90a", "sm_100a")] + [("peer", 1536, "sm_90a"), ("peer", 768, "sm_100a")]
@@ -27,12 +30,17 @@ BUILDS = [(transport, hidden, arch) for transport in ("peer", "multicast") for h
 
 def _spec(hidden, transport="peer", **kwargs):
     return BuildSpec(hidden=hidden, hc=HC, capacity=64, top_k=TOP_K, tp=TP, rank=RANK, bt=True, quantize=True,
-                     residual_only=True, transport=transport, **kwargs)
+                     residual_only=True, transport=transport,
+                     ll_one_kernel_rows=8 if hidden == ONE_KERNEL_HIDDEN else 0, **kwargs)
+
+
+def _consumer(name):
+    return name.startswith(("consumer", "one_kernel"))
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    """PTX of every build, compiled once for the module (about a minute for all 10 builds)."""
+    """PTX of every build, compiled once for the module (about 75 s for all 10 builds)."""
     return {(transport, hidden, arch): compile_ptx(_spec(hidden, transport), arch)
             for transport, hidden, arch in BUILDS}
 
@@ -48,8 +56,8 @@ def _each(compiled):
 
 
 def test_every_kernel_is_built_for_its_target(compiled):
-    for (_, _, arch), kernels in compiled.items():
-        assert sorted(kernels) == sorted(KERNELS)
+    for (_, hidden, arch), kernels in compiled.items():
+        assert sorted(kernels) == sorted(KERNELS + (ONE_KERNEL if hidden == ONE_KERNEL_HIDDEN else ()))
         for text in kernels.values():
             assert f".target {arch}" in text
 
@@ -67,10 +75,12 @@ def test_multicast_stores_only_in_multicast_builds(compiled):
 def test_peer_stores_are_16_bytes_one_per_destination(compiled):
     for transport, _, _, name, text in _each(compiled):
         stores = len(_ops(text, r"st\.global\.v4\.b32"))
-        if name.startswith("consumer"):
-            # hc residual streams (+ the layer input), then the re-arm of every slot read
+        if _consumer(name):
+            # hc residual streams (+ the layer input), then the re-arm of every slot read; a one-kernel
+            # form publishes first, as publish_ll does
             rearms = TP if "_ll_" in name else 1
-            assert stores == HC + (0 if name.endswith("residual") else 1) + rearms, (transport, name)
+            published = (TP if transport == "peer" else 0) if name.startswith("one_kernel") else 0
+            assert stores == HC + (0 if name.endswith("residual") else 1) + rearms + published, (transport, name)
             # the 8 MXFP8 values of a thread: one 8-byte store; scale words and state are b32
             assert len(_ops(text, r"st\.global\.v2\.b32")) == (1 if name.endswith("quant") else 0), name
             assert not _ops(text, r"st\.global\.(v2\.)?(b|u|s)(8|16|64)\b"), (transport, name)
@@ -89,7 +99,7 @@ def test_peer_stores_are_16_bytes_one_per_destination(compiled):
 def test_owner_reduce_polls_16_bytes_volatile_and_rearms(compiled):
     for _, _, _, name, text in _each(compiled):
         polls = _ops(text, r"ld\.volatile\.global\.v4\.b32")
-        if name.startswith("consumer"):
+        if _consumer(name):
             # LL: every source's fragment, BT: the owners' sum; each loaded before and in its spin loop
             assert len(polls) == 2 * (TP if "_ll_" in name else 1), name
             assert not _ops(text, r"ld\.volatile\.global\.(b|u|s)(8|16)\b"), name
@@ -107,12 +117,14 @@ def test_owner_reduce_polls_16_bytes_volatile_and_rearms(compiled):
 def _consumer_counts(name: str, hidden: int) -> dict[str, int]:
     """The contract's fp32 operations of one consumer thread, each an explicit ``.rn`` instruction."""
     ll, norm, quant = "_ll_" in name, not name.endswith("residual"), name.endswith("quant")
+    finalize = name.startswith("one_kernel_finalize")  # + the MoE finalize, as finalize_publish_ll
     kernel = ConsumerKernel(hidden=hidden, hc=HC, tp=TP, variant=name.rsplit("_", 1)[1], bt=not ll, use_pdl=True)
     # the rank-order sum (LL); per cluster: 3 levels over a thread's lanes, 5 butterfly levels, the tree of
     # the warps' slots (padding folded), + eps
     adds = (TP * LANES if ll else 0) + (7 + 5 + tree_adds(kernel.slots, kernel.tree_slots) + 1 if norm else 0)
+    adds += LANES if finalize else 0
     return {
-        "fma.rn.f32": LANES * HC * HC + (LANES * HC if norm else 0),   # post-mix, collapse
+        "fma.rn.f32": LANES * HC * HC + (LANES * HC if norm else 0) + (LANES * TOP_K if finalize else 0),
         "mul.rn.f32": LANES * HC + (3 * LANES if norm else 0) + (1 + LANES if quant else 0),
         "add.rn.f32": adds,
         "div.rn.f32": 2 if norm else 0,   # ss / H, 1 / sqrt
@@ -122,7 +134,7 @@ def _consumer_counts(name: str, hidden: int) -> dict[str, int]:
 
 def test_consumer_contract_arithmetic(compiled):
     for _, hidden, _, name, text in _each(compiled):
-        if not name.startswith("consumer"):
+        if not _consumer(name):
             continue
         for op, count in _consumer_counts(name, hidden).items():
             assert len(_ops(text, re.escape(op) + r"\b")) == count, (name, hidden, op)
@@ -143,7 +155,7 @@ def test_consumer_cluster_reduction(compiled):
     announces it started, waits for the others before the first remote store, and a second cluster
     barrier publishes the stores before any CTA reads its slots."""
     for _, hidden, _, name, text in _each(compiled):
-        if not name.startswith("consumer"):
+        if not _consumer(name):
             continue
         cluster = _ops(text, r"mapa\.shared::cluster|st\.shared::cluster|barrier\.cluster\.[\w.]+|ld\.shared\.f32")
         if name.endswith("residual"):
@@ -159,7 +171,7 @@ def test_consumer_cluster_reduction(compiled):
 def test_contract_rounding(compiled):
     for _, _, _, name, text in _each(compiled):
         assert not _ops(text, r"rsqrt\.approx|sqrt\.approx|div\.full|div\.approx|ex2\.approx|\.ftz"), name
-        if name.startswith("consumer"):
+        if _consumer(name):
             continue  # test_consumer_contract_arithmetic
         fmas = _ops(text, r"\bfma\.[\w.]+")
         adds = _ops(text, r"\badd\.rn\.f32")
@@ -182,7 +194,7 @@ def test_pdl_waits_before_any_global_load(compiled):
         assert "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text, name
         wait = text.index("griddepcontrol.wait")
         if name.startswith("consumer"):
-            # A consumer reads its inputs (complete before the publish let it start) before the wait,
+            # A consumer after a publish kernel reads its inputs (complete before the publish let it start) before the wait,
             # the generation state and the mailbox after it; it stores nothing before it.
             first_load = re.search(r"ld\.volatile\.global", text)
             first_store = re.search(r"\bst\.global|atom\.", text)
@@ -195,11 +207,25 @@ def test_pdl_waits_before_any_global_load(compiled):
 
 def test_no_pdl_build_has_no_griddepcontrol():
     spec = BuildSpec(hidden=256, hc=HC, capacity=8, top_k=2, tp=TP, rank=0, bt=True, quantize=True,
-                     residual_only=True, use_pdl=False)
+                     residual_only=True, ll_one_kernel_rows=8, use_pdl=False)
     kernels = compile_ptx(spec, "sm_90a")
-    assert sorted(kernels) == sorted(KERNELS)
+    assert sorted(kernels) == sorted(KERNELS + ONE_KERNEL)
     for name, text in kernels.items():
         assert "griddepcontrol" not in text, name
+
+
+def test_one_kernel_counts_its_ctas_and_advances_the_generation(compiled):
+    for _, _, _, name, text in _each(compiled):
+        adds = _ops(text, r"atom\.[\w.]*add[\w.]*")
+        if not name.startswith("one_kernel"):
+            assert not adds, name
+            continue
+        # every CTA counts itself in after a CTA barrier (all its threads read NEXT), then consumes;
+        # the last one zeroes the count and advances NEXT: the final two state stores
+        assert adds == ["atom.acq_rel.gpu.global.add.u32"], name
+        assert text.index("bar.sync") < text.index("atom.acq_rel.gpu.global.add.u32") < text.index(
+            "ld.volatile.global.v4.b32"), name
+        assert len(_ops(text, r"st\.global\.b32")) >= 2, name
 
 
 def test_consumer_shapes():
