@@ -5,8 +5,8 @@ bits as ``kernels_triton``, structured like FlashInfer's ``comm/mnnvl_cutedsl``.
   contract's ``.rn`` fp32 operations, PDL, the spin-bound clock, cluster/DSMEM helpers);
 - ``numerics``: bf16 <-> fp32 on integer bits (round to nearest even, NaN -> 0x7FC0, -0.0 -> +0.0);
 - ``lamport``: polling with the spin bound, re-arming, broadcasting to every rank, generations;
-- ``publish``, ``owner_reduce``, ``consumer``: the device kernels (LL's one-kernel forms are not
-  written yet);
+- ``publish``, ``owner_reduce``, ``consumer``: the device kernels (``consumer`` also builds LL's
+  one-kernel forms);
 - ``plan``, ``offline``: the kernels of a build and their PTX, compiled without a GPU;
 - ``backend``: ``CuteBackend``, which says it cannot run: no host launcher yet, nothing verified on a GPU.
 

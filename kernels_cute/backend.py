@@ -1,7 +1,6 @@
 """The CuTe DSL backend (in progress): the publish, owner-reduce and mHC consumer kernels exist and
 compile offline for sm_90a and sm_100a, but there is no host launcher yet and none of them has run on
-a GPU (their bits are unverified), so no build can run and ``support`` says so. LL's one-kernel
-forms are not written yet.
+a GPU (their bits are unverified), so no build can run and ``support`` says so.
 
 Importing this module imports CuTe DSL's packages (not the kernels), so that
 ``lamport_mhc.backend.load_backend("cute")`` answers ``Support.no`` with what to install where they
@@ -50,9 +49,9 @@ class CuteBackend:
                                   "compile offline: CuteBackend().compile_offline(spec, arch))")
 
     def compile_offline(self, spec: BuildSpec, arch: str) -> dict[str, str]:
-        """PTX of the CuTe DSL kernels of ``spec`` that exist so far (publishes, owner reduce, consumers;
-        not LL's one-kernel forms)."""
+        """PTX of every CuTe DSL kernel of ``spec`` (publishes, owner reduce, consumers, LL's
+        one-kernel forms)."""
         from .offline import compile_ptx
         ptx = compile_ptx(spec, arch)
-        logger.warning("%s: compiled only %s", NOT_IMPLEMENTED, ", ".join(ptx))
+        logger.warning("%s: compiled %s", NOT_IMPLEMENTED, ", ".join(ptx))
         return ptx
