@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from lamport_mhc.backend import BuildSpec, Support
+from lamport_mhc.backend import BuildSpec, Support, cuda_device_support
 
 try:
     import cutlass  # noqa: F401, I001  (nvidia-cutlass-dsl, first: its absence is the usual reason)
@@ -34,14 +34,11 @@ class CuteBackend:
     name = "cute"
 
     def support(self, spec: BuildSpec, device: torch.device) -> Support:
-        if device.type != "cuda":
-            return Support.no("the CuTe DSL kernels need a CUDA device (without one, `python -m lamport_mhc ptx "
-                              "--backend cute` compiles them to PTX)")
-        if not torch.cuda.is_available():
-            return Support.no("CUDA is not available in this process")
-        capability = torch.cuda.get_device_capability(device)
-        if capability < MIN_CAPABILITY:
-            return Support.no(f"compute capability {capability} is below sm_90 (PDL, multimem, clusters)")
+        answer = cuda_device_support(device, MIN_CAPABILITY, "PDL, multimem, clusters", "CuTe DSL kernels need a "
+                                     "CUDA device (without one, `python -m lamport_mhc ptx --backend cute` compiles "
+                                     "them to PTX)")
+        if not answer.ok:
+            return answer
         return Support.no(f"{NOT_IMPLEMENTED}; use backend='triton' (or 'auto')")
 
     def build(self, spec: BuildSpec, workspace, interpret: bool = False):
@@ -53,5 +50,5 @@ class CuteBackend:
         one-kernel forms)."""
         from .offline import compile_ptx
         ptx = compile_ptx(spec, arch)
-        logger.warning("%s: compiled %s", NOT_IMPLEMENTED, ", ".join(ptx))
+        logger.info("%s: compiled %s", NOT_IMPLEMENTED, ", ".join(ptx))
         return ptx

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support
+from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support, cuda_device_support
 from lamport_mhc.call import Call
 from lamport_mhc.workspace import Workspace
 
@@ -26,14 +26,10 @@ class TritonBackend:
     name = "triton"
 
     def support(self, spec: BuildSpec, device: torch.device) -> Support:
-        if device.type != "cuda":
-            return Support.no("the Triton kernels need a CUDA device (on CPU use lamport_mhc.SimulatedGroup, "
-                              "which interprets them)")
-        if not torch.cuda.is_available():
-            return Support.no("CUDA is not available in this process")
-        capability = torch.cuda.get_device_capability(device)
-        if capability < MIN_CAPABILITY:
-            return Support.no(f"compute capability {capability} is below sm_90 (PDL, multimem)")
+        answer = cuda_device_support(device, MIN_CAPABILITY, "PDL, multimem", "Triton kernels need a CUDA device "
+                                     "(on CPU use lamport_mhc.SimulatedGroup, which interprets them)")
+        if not answer.ok:
+            return answer
         try:
             from torch.distributed import _symmetric_memory  # noqa: F401
         except ImportError as error:

@@ -78,6 +78,19 @@ class Support:
         return cls(False, reason)
 
 
+def cuda_device_support(device: torch.device, minimum: tuple[int, int], needs: str, elsewhere: str) -> Support:
+    """The checks every GPU backend starts with: a CUDA device, CUDA usable, compute capability at
+    least ``minimum`` (``needs`` says for what); ``elsewhere`` says what to do without a device."""
+    if device.type != "cuda":
+        return Support.no(f"the {elsewhere}")
+    if not torch.cuda.is_available():
+        return Support.no("CUDA is not available in this process")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < minimum:
+        return Support.no(f"compute capability {capability} is below sm_{minimum[0]}{minimum[1]} ({needs})")
+    return Support.yes()
+
+
 @dataclass
 class ConsumerArgs:
     """A validated call's consumer inputs and the outputs it writes (allocated by the caller)."""
