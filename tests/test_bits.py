@@ -21,6 +21,8 @@ from lamport_mhc.bits import (
     pairwise_sum,
 )
 
+from exact_rounding import round_to_nearest_even
+
 
 def f32(*bits):
     """fp32 tensor from unsigned 32-bit patterns."""
@@ -149,23 +151,8 @@ def rne_f32_bits(q: Fraction, negative_zero: bool = False) -> int:
     """Correct IEEE RNE of an exact rational to an fp32 bit pattern (subnormals, overflow)."""
     if q == 0:
         return 0x80000000 if negative_zero else 0
-    sign = 0x80000000 if q < 0 else 0
-    a = abs(q)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    while Fraction(2) ** e > a:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= a:
-        e += 1
-    quantum = Fraction(2) ** (max(e, -126) - 23)
-    n = a / quantum
-    fl = n.numerator // n.denominator
-    rem = n - fl
-    if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and fl % 2 == 1):
-        fl += 1
-    value = fl * quantum
-    if value >= Fraction(2) ** 128:
-        return sign | 0x7F800000
-    return sign | struct.unpack("<I", struct.pack("<f", float(value)))[0]
+    value = math.copysign(float(round_to_nearest_even(q, 23)), q)  # underflow keeps its sign
+    return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
 def test_rne_helper_itself():

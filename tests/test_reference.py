@@ -18,6 +18,8 @@ from lamport_mhc.reference import (
     rms_norm,
 )
 
+from exact_rounding import round_to_nearest_even
+
 NAN = float("nan")
 INF = float("inf")
 
@@ -396,30 +398,6 @@ def test_rms_norm_sum_order_and_association_trap():
 # ----------------------------------------------------------------------------- independent scalar model
 
 
-def _rne(q: Fraction, mant_bits: int) -> Fraction:
-    """RNE of an exact rational to a binary format with fp32's exponent range and mant_bits
-    fraction bits (23: fp32, 7: bf16). Returns the exact rounded value, or +-inf as a float."""
-    if q == 0:
-        return q
-    neg = q < 0
-    a = -q if neg else q
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    while Fraction(2) ** e > a:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= a:
-        e += 1
-    quantum = Fraction(2) ** (max(e, -126) - mant_bits)
-    n = a / quantum
-    fl = n.numerator // n.denominator
-    rem = n - fl
-    if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and fl % 2 == 1):
-        fl += 1
-    v = fl * quantum
-    if v >= Fraction(2) ** 128:
-        return -INF if neg else INF
-    return -v if neg else v
-
-
 class Scalar:
     """fp32 scalar arithmetic on Python floats (exact doubles), every result rounded once.
 
@@ -431,7 +409,7 @@ class Scalar:
     def _out(q, sign_if_zero_neg, mant_bits=23):
         if isinstance(q, Fraction) and q == 0:
             return -0.0 if sign_if_zero_neg else 0.0
-        r = _rne(q, mant_bits)
+        r = round_to_nearest_even(q, mant_bits)
         if isinstance(r, float):
             return r
         if r == 0:
