@@ -110,8 +110,8 @@ def _soak_body(rank, tp, calls):
     in two, BT), every output compared bit for bit with the reference. 48 input sets with their
     reference outputs are prepared first and drawn at random (the same sequence on every rank), so
     the comparison is a few device ops per call and the host synchronizes once at the end."""
-    hidden, capacity, sets = 1024, 256, 48
-    op = build(hidden, capacity, "triton", 128, ll_one_kernel_max_rows=64)
+    hidden, capacity, sets, bt_min_rows, one_kernel_rows = 1024, 256, 48, 128, 64
+    op = build(hidden, capacity, "triton", bt_min_rows, ll_one_kernel_max_rows=one_kernel_rows)
     rng = random.Random(1234)
     prepared = []
     for i in range(sets):
@@ -132,7 +132,7 @@ def _soak_body(rank, tp, calls):
         for actual, reference in pairs:
             wrong[call] |= (bits(actual) != bits(reference)).any()
         protocol = op.protocol(m, variant == "finalize")
-        forms.add("bt" if protocol == "bt" else "ll-one-kernel" if m <= 64 else "ll-two-kernels")
+        forms.add("bt" if protocol == "bt" else "ll-one-kernel" if m <= one_kernel_rows else "ll-two-kernels")
     op.check()  # synchronizes; raises on a spin timeout
     failed = wrong.nonzero().flatten().tolist()
     return sorted(forms), failed[:10], len(failed)
