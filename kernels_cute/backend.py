@@ -1,6 +1,5 @@
-"""The CuTe DSL backend (in progress): the publish, owner-reduce and mHC consumer kernels exist and
-compile offline for sm_90a and sm_100a, but there is no host launcher yet and none of them has run on
-a GPU (their bits are unverified), so no build can run and ``support`` says so.
+"""The CuTe DSL backend: builds a spec's kernels over a workspace (``launcher.CuteKernels``), or
+compiles them to PTX without a GPU (``offline``).
 
 Importing this module imports CuTe DSL's packages (not the kernels), so that
 ``lamport_mhc.backend.load_backend("cute")`` answers ``Support.no`` with what to install where they
@@ -9,11 +8,9 @@ are missing, and where an installed CuTe DSL fails to import (any exception beco
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-from lamport_mhc.backend import BuildSpec, Support, cuda_device_support
+from lamport_mhc.backend import BuildSpec, Support, cuda_device_support, symmetric_memory_support
 
 try:
     import cutlass  # noqa: F401, I001  (nvidia-cutlass-dsl, first: its absence is the usual reason)
@@ -24,10 +21,8 @@ except Exception as error:  # a broken installation must not break the other bac
     raise ImportError(f"nvidia-cutlass-dsl failed to import ({type(error).__name__}: {error})") from error
 
 MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL), multimem.st, thread-block clusters
-NOT_IMPLEMENTED = ("the CuTe DSL kernels only compile offline: there is no host launcher yet and they are not "
-                   "runnable until verified on a GPU")
-
-logger = logging.getLogger(__name__)
+# The norm's sum of squares spans one portable cluster of at most 8 CTAs of 128 threads x 8 lanes.
+MAX_HIDDEN = 8 * 128 * 8
 
 
 class CuteBackend:
@@ -39,16 +34,19 @@ class CuteBackend:
                                      "them to PTX)")
         if not answer.ok:
             return answer
-        return Support.no(f"{NOT_IMPLEMENTED}; use backend='triton' (or 'auto')")
+        if spec.hidden > MAX_HIDDEN:
+            return Support.no(f"the CuTe DSL consumer reduces a row within one 8-CTA cluster: hidden <= {MAX_HIDDEN}, "
+                              f"got {spec.hidden}; use backend='triton'")
+        return symmetric_memory_support(spec, device)
 
     def build(self, spec: BuildSpec, workspace, interpret: bool = False):
-        raise NotImplementedError(f"{NOT_IMPLEMENTED}: the cute backend cannot build a call yet (its kernels "
-                                  "compile offline: CuteBackend().compile_offline(spec, arch))")
+        if interpret:
+            raise ValueError("the CuTe DSL backend has no interpreter: the simulated group runs the Triton kernels")
+        from .launcher import CuteKernels
+        return CuteKernels(spec, workspace)
 
     def compile_offline(self, spec: BuildSpec, arch: str) -> dict[str, str]:
         """PTX of every CuTe DSL kernel of ``spec`` (publishes, owner reduce, consumers, LL's
         one-kernel forms)."""
         from .offline import compile_ptx
-        ptx = compile_ptx(spec, arch)
-        logger.info("%s: compiled %s", NOT_IMPLEMENTED, ", ".join(ptx))
-        return ptx
+        return compile_ptx(spec, arch)

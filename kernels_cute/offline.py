@@ -20,16 +20,22 @@ def parse_arch(arch: str) -> str:
     return f"sm_{int(digits)}a"
 
 
+# kind -> (element type name, assumed alignment in bytes, divisibility of the element count)
+BUFFER_KINDS = {"*i16": ("Int16", 16, 8), "*fp32": ("Float32", 4, 1), "*i32": ("Int32", 4, 1),
+                "*u8": ("Uint8", 16, 16)}
+
+
 def fake_argument(kind: str, spec: BuildSpec):
     """A stand-in for one runtime argument of a kernel's signature (see ``plan``)."""
+    import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Int16, Int32, Int64, Uint8
+    from cutlass import Float32, Int32, Int64
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    buffers = {"*i16": (Int16, 16, 8), "*fp32": (Float32, 4, 1), "*i32": (Int32, 4, 1), "*u8": (Uint8, 16, 16)}
-    if kind in buffers:
-        dtype, align, divisibility = buffers[kind]
-        return make_fake_compact_tensor(dtype, (cute.sym_int(divisibility=divisibility),), assumed_align=align)
+    if kind in BUFFER_KINDS:
+        dtype, align, divisibility = BUFFER_KINDS[kind]
+        return make_fake_compact_tensor(getattr(cutlass, dtype), (cute.sym_int(divisibility=divisibility),),
+                                        assumed_align=align)
     if kind == "state":
         from lamport_mhc.layout import STATE_WORDS
         return make_fake_compact_tensor(Int32, (STATE_WORDS,), assumed_align=4)

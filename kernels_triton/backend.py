@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support, cuda_device_support
+from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support, cuda_device_support, symmetric_memory_support
 from lamport_mhc.call import Call
 from lamport_mhc.workspace import Workspace
 
@@ -28,16 +28,7 @@ class TritonBackend:
     def support(self, spec: BuildSpec, device: torch.device) -> Support:
         answer = cuda_device_support(device, MIN_CAPABILITY, "PDL, multimem", "Triton kernels need a CUDA device "
                                      "(on CPU use lamport_mhc.SimulatedGroup, which interprets them)")
-        if not answer.ok:
-            return answer
-        try:
-            from torch.distributed import _symmetric_memory  # noqa: F401
-        except ImportError as error:
-            return Support.no(f"torch symmetric memory is unavailable: {error}")
-        for peer in range(torch.cuda.device_count()):
-            if peer != device.index and spec.tp > 1 and not torch.cuda.can_device_access_peer(device.index, peer):
-                return Support.no(f"GPU {device.index} cannot access GPU {peer} (P2P is required)")
-        return Support.yes()
+        return answer if not answer.ok else symmetric_memory_support(spec, device)
 
     def build(self, spec: BuildSpec, workspace: Workspace, interpret: bool = False) -> TritonKernels:
         return TritonKernels(spec, workspace, interpret)

@@ -95,7 +95,7 @@ class AllReduceMHC:
         spec = replace(self.spec, transport=workspace.transport)
         with self._on_device():
             kernels = load_backend(name).build(spec, workspace)
-        return FusedPath(name, spec, kernels, workspace, self.thresholds)
+        return FusedPath(name, kernels.spec, kernels, workspace, self.thresholds)
 
     def _on_device(self):
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()

@@ -91,6 +91,19 @@ def cuda_device_support(device: torch.device, minimum: tuple[int, int], needs: s
     return Support.yes()
 
 
+def symmetric_memory_support(spec: BuildSpec, device: torch.device) -> Support:
+    """What every GPU backend's workspace needs: torch symmetric memory, and P2P from this GPU to
+    every other GPU of the machine (the peer transport stores through their addresses)."""
+    try:
+        from torch.distributed import _symmetric_memory  # noqa: F401
+    except ImportError as error:
+        return Support.no(f"torch symmetric memory is unavailable: {error}")
+    for peer in range(torch.cuda.device_count()):
+        if peer != device.index and spec.tp > 1 and not torch.cuda.can_device_access_peer(device.index, peer):
+            return Support.no(f"GPU {device.index} cannot access GPU {peer} (P2P is required)")
+    return Support.yes()
+
+
 @dataclass
 class ConsumerArgs:
     """A validated call's consumer inputs and the outputs it writes (allocated by the caller)."""
@@ -110,6 +123,8 @@ class ConsumerArgs:
 
 class Kernels(Protocol):
     """What a backend launches per call, on the stream of the current device."""
+
+    spec: BuildSpec  # the build as compiled (a backend may lower ``ll_one_kernel_rows`` to what it can hold)
 
     def publish(self, protocol: str, x: torch.Tensor) -> None: ...
 

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("cutlass.cute")
 
-from kernels_cute.backend import NOT_IMPLEMENTED, CuteBackend
+from kernels_cute.backend import MAX_HIDDEN, CuteBackend
 from kernels_cute.consumer import ConsumerKernel, tree_adds
 from kernels_cute.offline import compile_ptx, parse_arch
 from lamport_mhc.backend import BuildSpec, load_backend
@@ -254,11 +254,16 @@ def test_arch_names():
         parse_arch("sm_80")
 
 
-def test_backend_loads_and_says_it_cannot_run_yet():
+def test_backend_loads_and_says_why_it_cannot_run_on_cpu():
     backend = load_backend("cute")
     assert isinstance(backend, CuteBackend)
     spec = BuildSpec(hidden=256, hc=HC, capacity=8, top_k=2, tp=TP, rank=0)
     answer = backend.support(spec, torch.device("cpu"))
     assert not answer.ok and "CUDA device" in answer.reason
-    with pytest.raises(NotImplementedError, match=NOT_IMPLEMENTED):
-        backend.build(spec, workspace=None)
+    with pytest.raises(ValueError, match="no interpreter"):
+        backend.build(spec, workspace=None, interpret=True)
+
+
+def test_norm_consumer_rejects_rows_wider_than_one_cluster():
+    with pytest.raises(ValueError, match="hidden <= 8192"):
+        ConsumerKernel(hidden=MAX_HIDDEN + 1024, hc=HC, tp=TP, variant="plain", bt=False, use_pdl=True)

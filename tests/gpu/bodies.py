@@ -69,9 +69,9 @@ def check(ops, tp, rank, m, hidden, variant, seed) -> list[str]:
     return failures
 
 
-def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: list[int]) -> list[str]:
+def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: list[int], **config) -> list[str]:
     """Every variant over ``sizes`` on two ops: LL only (no BT state) and BT from 1 row."""
-    ops = [build(hidden, capacity, backend, bt_min_rows) for bt_min_rows in (capacity + 1, 1)]
+    ops = [build(hidden, capacity, backend, bt_min_rows, **config) for bt_min_rows in (capacity + 1, 1)]
     failures = []
     for m in sizes:
         for variant in VARIANTS:

@@ -1,6 +1,8 @@
-"""The Triton backend on two GPUs (peer transport, one process per GPU): bit-exact with the CPU
+"""Each fused backend on two GPUs (peer transport, one process per GPU): bit-exact with the
 reference for every variant, both protocols and both forms of LL, CUDA-graph replay, a long soak
-with M changing every call, and the spin bound turning a missing peer into a RuntimeError."""
+with M changing every call, and the spin bound turning a missing peer into a RuntimeError. The CuTe
+DSL sweep also runs the selector's cross-check against Triton on every call, so a single differing
+bit between the two backends fails it."""
 
 import random
 
@@ -12,36 +14,53 @@ from lamport_mhc.testing import assert_outputs_match, bits, expected_outputs, ra
 from .bodies import EPS, HC, TOP_K, VARIANTS, build, check, poison_allocator, run_variant, sweep
 from .harness import require_gpus, run_ranks
 
-SIZES = [1, 2, 7, 64, 255, 1024]
+# The one-kernel form's bounds for CuTe on 132 SMs are 33 / 26 / 18 rows at H = 4096 / 5120 / 7168.
+SIZES = [1, 2, 7, 18, 26, 33, 64, 255, 1024]
+BACKENDS = ["triton", "cute"]
+# What each backend's sweep adds to the build's config.
+SWEEP_CONFIG = {"triton": {}, "cute": {"cross_check": True, "cross_check_backend": "triton"}}
 
 
-def _sweep_body(rank, tp, hidden):
-    return sweep(rank, tp, "triton", hidden, 1024, SIZES)
+def require_backend(backend: str) -> None:
+    """Skip when ``backend`` is not installed here (the CuTe DSL kit is brought to the GPU machine)."""
+    from lamport_mhc.backend import Support, load_backend
+
+    loaded = load_backend(backend)
+    if isinstance(loaded, Support):
+        pytest.skip(loaded.reason)
 
 
+def _sweep_body(rank, tp, backend, hidden):
+    return sweep(rank, tp, backend, hidden, 1024, SIZES, **SWEEP_CONFIG[backend])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("hidden", [4096, 5120, 7168])
-def test_bit_exact_sweep(hidden):
+def test_bit_exact_sweep(backend, hidden):
     require_gpus(2)
-    failures = [f for rank_failures in run_ranks(_sweep_body, 2, args=(hidden,), timeout_s=240)
+    require_backend(backend)
+    failures = [f for rank_failures in run_ranks(_sweep_body, 2, args=(backend, hidden), timeout_s=300)
                 for f in rank_failures]
     assert not failures, f"{len(failures)} wrong calls:\n" + "\n".join(failures)
 
 
-def _capacity_body(rank, tp):
-    op = build(5120, 4096, "triton", 1024)
+def _capacity_body(rank, tp, backend):
+    op = build(5120, 4096, backend, 1024)
     return [f for v in ("plain", "quant") for f in check([op], tp, rank, 4096, 5120, v, seed=7)]
 
 
-def test_at_capacity_bt():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_at_capacity_bt(backend):
     require_gpus(2)
-    for failures in run_ranks(_capacity_body, 2, timeout_s=300):
+    require_backend(backend)
+    for failures in run_ranks(_capacity_body, 2, args=(backend,), timeout_s=300):
         assert failures == []
 
 
-def _graph_body(rank, tp, calls, replays):
+def _graph_body(rank, tp, backend, calls, replays):
     """Capture ``calls`` calls (LL and BT, every variant) in one graph; replay with new inputs."""
     hidden, m_values = 5120, [16, 40]
-    op = build(hidden, 64, "triton", 32)
+    op = build(hidden, 64, backend, 32)
     plan = [(m_values[i % 2], ("plain", "finalize", "quant", "residual")[i % 4]) for i in range(calls)]
     static = [random_inputs(tp, m, hidden, HC, seed=i, top_k=TOP_K, device="cuda") for i, (m, _) in enumerate(plan)]
     stream = torch.cuda.Stream()
@@ -76,16 +95,18 @@ def _graph_body(rank, tp, calls, replays):
     return failures
 
 
-def test_cuda_graph_replay():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_graph_replay(backend):
     require_gpus(2)
-    for failures in run_ranks(_graph_body, 2, args=(100, 3), timeout_s=240):
+    require_backend(backend)
+    for failures in run_ranks(_graph_body, 2, args=(backend, 100, 3), timeout_s=240):
         assert failures == []
 
 
-def _missing_peer_body(rank, tp):
+def _missing_peer_body(rank, tp, backend):
     import torch.distributed as dist
 
-    op = build(1024, 16, "triton", 17, spin_timeout_ms=200.0)
+    op = build(1024, 16, backend, 17, spin_timeout_ms=200.0)
     message = None
     if rank == 0:  # rank 1 never publishes
         inputs = random_inputs(tp, 4, 1024, HC, seed=0, top_k=TOP_K, device="cuda")
@@ -99,19 +120,21 @@ def _missing_peer_body(rank, tp):
     return message
 
 
-def test_spin_bound_reports_missing_peer():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_spin_bound_reports_missing_peer(backend):
     require_gpus(2)
-    message = run_ranks(_missing_peer_body, 2, timeout_s=180)[0]
+    require_backend(backend)
+    message = run_ranks(_missing_peer_body, 2, args=(backend,), timeout_s=180)[0]
     assert message is not None and "rank 1's contribution" in message and "spin timeout" in message
 
 
-def _soak_body(rank, tp, calls):
+def _soak_body(rank, tp, backend, calls):
     """Eager calls with M changing every call over all three forms of the op (LL in one kernel, LL
     in two, BT), every output compared bit for bit with the reference. 48 input sets with their
     reference outputs are prepared first and drawn at random (the same sequence on every rank), so
     the comparison is a few device ops per call and the host synchronizes once at the end."""
     hidden, capacity, sets, bt_min_rows, one_kernel_rows = 1024, 256, 48, 128, 64
-    op = build(hidden, capacity, "triton", bt_min_rows, ll_one_kernel_max_rows=one_kernel_rows)
+    op = build(hidden, capacity, backend, bt_min_rows, ll_one_kernel_max_rows=one_kernel_rows)
     rng = random.Random(1234)
     prepared = []
     for i in range(sets):
@@ -138,8 +161,10 @@ def _soak_body(rank, tp, calls):
     return sorted(forms), failed[:10], len(failed)
 
 
-def test_soak_10000_calls():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_soak_10000_calls(backend):
     require_gpus(2)
-    for forms, first_failures, failures in run_ranks(_soak_body, 2, args=(10_000,), timeout_s=240):
+    require_backend(backend)
+    for forms, first_failures, failures in run_ranks(_soak_body, 2, args=(backend, 10_000), timeout_s=300):
         assert failures == 0, f"{failures} calls with wrong bits, first: {first_failures}"
         assert forms == ["bt", "ll-one-kernel", "ll-two-kernels"]

@@ -1,0 +1,154 @@
+"""Host side of the CuTe DSL backend: compiles a build's kernels once, at construction, and launches
+them per call on the current stream (graph-safe: no allocation, no synchronization, no compile).
+
+Arguments follow each kernel's signature in ``plan``. Buffers travel as 1-D CuTe tensors made from
+DLPack views; the workspace's (mailboxes, state, error word, address tables) and the stand-ins for
+arguments a kernel never dereferences are converted once and reused on every call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import cuda.bindings.driver as cuda
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.runtime import from_dlpack
+
+from lamport_mhc.backend import BuildSpec, ConsumerArgs
+from lamport_mhc.call import Call
+from lamport_mhc.workspace import Workspace
+
+from .offline import BUFFER_KINDS, fake_argument, parse_arch
+from .plan import kernel_plan
+from .publish import launch_shape
+
+# kind -> torch dtype of the buffers a signature names (bf16 data travels as int16 bits)
+BUFFER_DTYPES = {"*i16": torch.int16, "*fp32": torch.float32, "*i32": torch.int32, "*u8": torch.uint8,
+                 "state": torch.int32, "error": torch.int32, "table": torch.int64}
+# Every CTA of a one-kernel call waits for its twins on the other ranks, so all must be resident at
+# once. One CTA has 128 threads, so two always fit on an SM whatever its register count (2 x 128 x 255
+# < 65,536 registers): a bound of one CTA per SM leaves room for the clusters' placement constraints.
+CTAS_PER_SM_BOUND = 1
+
+
+def one_kernel_rows(spec: BuildSpec, device: torch.device) -> int:
+    """LL's one-kernel row bound for CuTe: a token spans several CTAs, so the SM count bounds CTAs,
+    not rows (H = 5120 on 132 SMs: 26 rows)."""
+    ctas_per_token = launch_shape(spec.hidden)[1]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return min(spec.ll_one_kernel_rows, sms * CTAS_PER_SM_BOUND // ctas_per_token)
+
+
+def to_cute(tensor: torch.Tensor, kind: str) -> cute.Tensor:
+    """A contiguous tensor as the 1-D CuTe tensor its signature kind declares (see ``offline``)."""
+    flat = tensor.detach().view(-1).view(BUFFER_DTYPES[kind])
+    if kind in BUFFER_KINDS:
+        _, align, divisibility = BUFFER_KINDS[kind]
+        return from_dlpack(flat, assumed_align=align).mark_compact_shape_dynamic(mode=0, divisibility=divisibility)
+    return from_dlpack(flat, assumed_align=flat.element_size())
+
+
+class CuteKernels:
+    """The ``Kernels`` of one CuTe DSL build over a workspace (see ``lamport_mhc.backend``)."""
+
+    def __init__(self, spec: BuildSpec, workspace: Workspace):
+        device = workspace.ll.local.device
+        self.spec = replace(spec, ll_one_kernel_rows=one_kernel_rows(spec, device))
+        self.workspace = workspace
+        self.plan = kernel_plan(self.spec)
+        # Stand-ins for buffers a specialization never dereferences (divisible as each kind declares).
+        self._unused = {kind: torch.zeros(16, dtype=BUFFER_DTYPES[kind], device=device) for kind in BUFFER_KINDS}
+        self._unused["table"] = torch.zeros(spec.tp, dtype=torch.int64, device=device)
+        self._converted: dict[tuple, cute.Tensor] = {}
+        fixed = [(tensor, kind) for kind, tensor in self._unused.items()]
+        for mailbox in (workspace.ll, workspace.bt, workspace.bt_sums):
+            if mailbox is not None:
+                fixed += [(mailbox.local, "*i16"), (mailbox.peers, "table")]
+        fixed += [(workspace.ll_state, "state"), (workspace.error, "error")]
+        if workspace.bt_state is not None:
+            fixed.append((workspace.bt_state, "state"))
+        for tensor, kind in fixed:
+            self._converted[self._key(tensor, kind)] = to_cute(tensor, kind)
+
+        major, minor = torch.cuda.get_device_capability(device)
+        options = f"--gpu-arch {parse_arch(f'sm_{major}{minor}')}"
+        self.compiled = {name: cute.compile(instance.kernel, *[fake_argument(kind, self.spec)
+                                                               for _, kind in instance.signature], options=options)
+                         for name, instance in self.plan.items()}
+
+    # -- launching -------------------------------------------------------------------------------
+    @staticmethod
+    def _key(tensor: torch.Tensor, kind: str) -> tuple:
+        return tensor.data_ptr(), tensor.numel(), kind
+
+    def _argument(self, kind: str, value):
+        if kind == "stream":
+            return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+        if kind in BUFFER_DTYPES:
+            if value is None:
+                value = self._unused[kind]
+            converted = self._converted.get(self._key(value, kind))
+            return converted if converted is not None else to_cute(value, kind)
+        return {"i32": Int32, "i64": Int64, "f32": Float32}[kind](0 if value is None else value)
+
+    def _launch(self, name: str, **values) -> None:
+        """Launch kernel ``name`` with the arguments named in ``values``. What is left out, the
+        kernel's specialization never reads: a buffer becomes the stand-in of its kind, a scalar 0."""
+        signature = self.plan[name].signature
+        unknown = set(values) - {argument for argument, _ in signature}
+        if unknown:
+            raise TypeError(f"{name} has no argument(s) {sorted(unknown)}")
+        self.compiled[name](*[self._argument(kind, values.get(argument)) for argument, kind in signature])
+
+    def _slots(self, protocol: str) -> int:
+        """Tokens per [generation][source] of the protocol's contribution mailbox."""
+        return self.spec.owner_capacity if protocol == "bt" else self.spec.capacity
+
+    def _mailbox(self, protocol: str):
+        return self.workspace.bt if protocol == "bt" else self.workspace.ll
+
+    # -- the Kernels interface ---------------------------------------------------------------------
+    def publish(self, protocol: str, x: torch.Tensor) -> None:
+        mailbox = self._mailbox(protocol)
+        self._launch(f"publish_{protocol}", x=x, state=self.workspace.state(protocol), peer_table=mailbox.peers,
+                     multicast_address=mailbox.multicast, slots=self._slots(protocol), num_tokens=x.shape[0])
+
+    def finalize_publish(self, protocol: str, gemm2, weights, indices, shared) -> None:
+        mailbox = self._mailbox(protocol)
+        self._launch(f"finalize_publish_{protocol}", x=shared, gemm2=gemm2, weights=weights, indices=indices,
+                     state=self.workspace.state(protocol), peer_table=mailbox.peers,
+                     multicast_address=mailbox.multicast, slots=self._slots(protocol), num_tokens=shared.shape[0])
+
+    def owner_reduce(self, m: int) -> None:
+        ws = self.workspace
+        self._launch("owner_reduce_bt", mailbox=ws.bt.local, sums_table=ws.bt_sums.peers,
+                     sums_multicast_address=ws.bt_sums.multicast, state=ws.bt_state, error=ws.error,
+                     num_tokens=m, timeout_ns=self.spec.spin_timeout_ns, slots=self.spec.owner_capacity,
+                     capacity=self.spec.capacity)
+
+    def consume(self, protocol: str, args: ConsumerArgs) -> None:
+        self._launch(f"consumer_{protocol}_{args.variant}", **self._consumer_values(protocol, args))
+
+    def publish_and_consume(self, call: Call, phases: str = "both") -> None:
+        if phases != "both":
+            raise ValueError("the CuTe DSL one-kernel form runs whole on a GPU; its halves exist only in the "
+                             "Triton interpreter's simulated group")
+        args, ws = call.consumer, self.workspace
+        if call.kind == "finalize":
+            name, publish = f"one_kernel_finalize_ll_{args.variant}", dict(
+                x=call.shared, gemm2=call.gemm2, weights=call.weights, indices=call.indices)
+        else:
+            name, publish = f"one_kernel_ll_{args.variant}", dict(x=call.x)
+        self._launch(name, **self._consumer_values("ll", args), **publish, peer_table=ws.ll.peers,
+                     multicast_address=ws.ll.multicast)
+
+    def _consumer_values(self, protocol: str, args: ConsumerArgs) -> dict:
+        ws = self.workspace
+        return dict(mailbox=ws.bt_sums.local if protocol == "bt" else ws.ll.local, residual=args.residual,
+                    post=args.post, comb=args.comb, pre=args.pre, gamma=args.norm_weight,
+                    residual_out=args.residual_out, layer_out=args.layer_input, values=args.mxfp8_values,
+                    scales=args.mxfp8_scales, state=ws.state(protocol), error=ws.error, eps=float(args.norm_eps),
+                    num_tokens=args.residual.shape[0], timeout_ns=self.spec.spin_timeout_ns,
+                    capacity=self.spec.capacity)
