@@ -10,13 +10,16 @@ alone, the simplest one-kernel Lamport all-reduce (``lamport-ar-floor``) and two
 over NVLink, device copy in HBM) from which every fused row gets its byte floor.
 
 Outputs under ``--out`` (default bench/results): ``<gpu>_tp<N>.csv``, a PNG per (tp, hidden, variant)
-when matplotlib is installed (``pip install 'lamport-mhc[bench]'``), and ``<gpu>_tp<N>.md``.
+when matplotlib is installed (``pip install 'lamport-mhc[bench]'``), ``<gpu>_tp<N>.md`` and the notes as
+``<gpu>_tp<N>_notes.json``. ``--merge CSV`` extends an earlier run: its rows and notes for the hidden sizes
+this run does not measure are kept, the others replaced.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import statistics
@@ -31,6 +34,8 @@ HC = 4
 VARIANTS = ("plain", "finalize", "quant")
 COLUMNS = ("tp", "hidden", "variant", "m", "path", "us_median", "us_min", "us_max", "floor_us", "ratio_to_floor",
            "speedup_vs_unfused")
+INT_COLUMNS = ("tp", "hidden", "m")
+FLOAT_COLUMNS = ("us_median", "us_min", "us_max", "floor_us", "ratio_to_floor", "speedup_vs_unfused")
 DEFAULT_ROWS = [2 ** i for i in range(14)] + [3, 100, 1000]
 
 
@@ -191,7 +196,7 @@ class Sweep:
         self.args, self.group, self.device = args, group, device
         self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.rows: list[dict] = []
-        self.notes: list[str] = []
+        self.notes: list[dict] = []  # {"hidden": int | None, "text": str}
         self.tail = torch.compile(mhc_tail, dynamic=True) if args.compile_tail else mhc_tail
         self.finalize = torch.compile(moe_finalize, dynamic=True) if args.compile_tail else moe_finalize
         self.quantize = torch.compile(mxfp8_tail, dynamic=True) if args.compile_tail else mxfp8_tail
@@ -208,14 +213,17 @@ class Sweep:
         self.log(f"tp={self.tp} H={hidden} {variant:8s} M={m:5d} {path:20s} {median:9.1f} us"
                  + ("" if floor is None else f"  ({median / floor:5.2f}x floor)"))
 
-    def guarded(self, label, fn):
+    def note(self, hidden: int, text: str) -> None:
+        self.notes.append({"hidden": hidden, "text": text})
+
+    def guarded(self, hidden, label, fn):
         """Time one path; a path that fails here is reported, not fatal for the others."""
         try:
             return fn()
         except Exception as error:  # noqa: BLE001 - reported in the summary
-            note = f"{label}: {type(error).__name__}: {error}"
-            self.notes.append(note)
-            self.log("FAILED " + note)
+            text = f"{label}: {type(error).__name__}: {error}"
+            self.note(hidden, text)
+            self.log("FAILED " + text)
             return None
 
     def run_hidden(self, hidden: int, ceilings: Ceilings) -> None:
@@ -228,7 +236,7 @@ class Sweep:
         for backend in args.backends:
             for protocol, threshold in (("ll", capacity + 1), ("bt", 1)):
                 config = AllReduceMHCConfig(backend=backend, bt_min_rows=threshold, bt_min_finalize_rows=threshold)
-                op = self.guarded(f"build {backend}-{protocol} H={hidden}",
+                op = self.guarded(hidden, f"build {backend}-{protocol} H={hidden}",
                                   lambda c=config: AllReduceMHC(hidden, HC, capacity, args.top_k, self.device,
                                                                 **build, config=c))
                 if op is not None:
@@ -255,7 +263,7 @@ class Sweep:
                     else:
                         call = (lambda op=op: op(x, *consumer, mxfp8_out=mxfp8))
                     protocol = op.protocol(m, variant == "finalize")
-                    samples = self.guarded(f"{path} {variant} H={hidden} M={m}",
+                    samples = self.guarded(hidden, f"{path} {variant} H={hidden} M={m}",
                                            lambda c=call: time_graph(c, args.calls, args.replays))
                     if samples:
                         self.record(hidden, variant, m, path, samples,
@@ -263,7 +271,7 @@ class Sweep:
                 self._unfused(hidden, variant, m, inputs, x, consumer, symmetric)
                 if variant == "plain" and m <= FLOOR_MAX_ROWS:
                     out = torch.empty_like(x)
-                    samples = self.guarded(f"lamport-ar-floor H={hidden} M={m}",
+                    samples = self.guarded(hidden, f"lamport-ar-floor H={hidden} M={m}",
                                            lambda: time_graph(lambda: floor(x, out), args.calls, args.replays))
                     if samples:
                         self.record(hidden, variant, m, "lamport-ar-floor", samples,
@@ -308,18 +316,18 @@ class Sweep:
         if variant == "plain":
             paths.update({"nccl_all_reduce": nccl, "one_shot_all_reduce": one_shot})
         for path, fn in paths.items():
-            samples = self.guarded(f"{path} {variant} H={hidden} M={m}",
+            samples = self.guarded(hidden, f"{path} {variant} H={hidden} M={m}",
                                    lambda f=fn: time_graph(f, args.calls, args.replays))
             if samples:
                 self.record(hidden, variant, m, path, samples)
         if variant == "plain":  # the tail alone, for its achieved HBM bandwidth
-            samples = self.guarded(f"tail H={hidden} M={m}", lambda: time_graph(lambda: tail(x), args.calls,
-                                                                                args.replays))
+            samples = self.guarded(hidden, f"tail H={hidden} M={m}",
+                                   lambda: time_graph(lambda: tail(x), args.calls, args.replays))
             if samples:
                 row = hidden * 2
                 gbps = (m * row + 2 * m * HC * row + m * row) / statistics.median(samples) / 1e3
-                self.notes.append(f"torch tail alone H={hidden} M={m}: {statistics.median(samples):.1f} us, "
-                                  f"{gbps:.0f} GB/s of HBM traffic")
+                self.note(hidden, f"torch tail alone H={hidden} M={m}: {statistics.median(samples):.1f} us, "
+                          f"{gbps:.0f} GB/s of HBM traffic")
 
     def finish(self, out: Path, gpu: str, ceilings: Ceilings) -> None:
         unfused = {(r["hidden"], r["variant"], r["m"]): r["us_median"] for r in self.rows
@@ -327,19 +335,50 @@ class Sweep:
         for r in self.rows:
             base = unfused.get((r["hidden"], r["variant"], r["m"]))
             r["speedup_vs_unfused"] = None if base is None else base / r["us_median"]
-        if self.rank != 0:
-            return
-        out.mkdir(parents=True, exist_ok=True)
-        stem = f"{gpu}_tp{self.tp}"
-        with open(out / f"{stem}.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            for r in self.rows:
-                writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else ("" if v is None else v))
-                                 for k, v in r.items()})
-        plots = write_plots(self.rows, out, stem)
-        write_summary(self.rows, self.notes, out / f"{stem}.md", gpu, self.tp, ceilings, self.args, plots)
-        print(f"wrote {out / stem}.csv, .md and {len(plots)} plots", flush=True)
+        if self.rank == 0:
+            write_results(self.rows, self.notes, out, gpu, self.tp, ceilings, self.args, self.args.merge)
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a bench CSV with the types the sweep records (empty cells: None)."""
+    def convert(key, value):
+        if value == "":
+            return None
+        return int(value) if key in INT_COLUMNS else float(value) if key in FLOAT_COLUMNS else value
+    with open(path, newline="") as f:
+        return [{k: convert(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def notes_path(csv_path) -> Path:
+    csv_path = Path(csv_path)
+    return csv_path.with_name(f"{csv_path.stem}_notes.json")
+
+
+def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings, args, merge=None) -> None:
+    """CSV, notes sidecar, plots and summary; with ``merge``, the earlier run's rows and notes for hidden
+    sizes this run did not measure are kept."""
+    measured = set(args.hidden)
+    notes = [{"hidden": h, "text": f"ceilings for H={h}: peer {ceilings.peer_gbps:.0f} GB/s, device copy "
+                                   f"{ceilings.hbm_gbps:.0f} GB/s"} for h in args.hidden] + list(notes)
+    if merge:
+        rows = [r for r in read_rows(merge) if r["hidden"] not in measured] + list(rows)
+        old_notes = notes_path(merge)
+        if old_notes.exists():
+            notes = [n for n in json.loads(old_notes.read_text()) if n["hidden"] not in measured] + notes
+    rows = sorted(rows, key=lambda r: (r["hidden"], r["variant"], r["m"], r["path"]))
+    notes = sorted(notes, key=lambda n: (n["hidden"] is not None, n["hidden"] or 0))  # stable within a size
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{gpu}_tp{tp}"
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else ("" if v is None else v))
+                             for k, v in r.items()})
+    notes_path(out / f"{stem}.csv").write_text(json.dumps(notes, indent=1) + "\n")
+    plots = write_plots(rows, out, stem)
+    write_summary(rows, notes, out / f"{stem}.md", gpu, tp, ceilings, args, plots, merged=bool(merge))
+    print(f"wrote {out / stem}.csv, .md, _notes.json and {len(plots)} plots", flush=True)
 
 
 def write_plots(rows: list[dict], out: Path, stem: str) -> list[str]:
@@ -367,11 +406,13 @@ def write_plots(rows: list[dict], out: Path, stem: str) -> list[str]:
     return names
 
 
-def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings, args, plots) -> None:
+def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings, args, plots,
+                  merged: bool = False) -> None:
+    source = ("of the latest run (each hidden size's own in the notes)" if merged
+              else "measured in the same run")
     lines = [f"# {gpu}, tp={tp}", "",
              f"CUDA graphs of {args.calls} calls, median of {args.replays} replays, max over ranks. Ceilings "
-             f"measured in the same run: peer copy {ceilings.peer_gbps:.0f} GB/s, device copy "
-             f"{ceilings.hbm_gbps:.0f} GB/s.", "",
+             f"{source}: peer copy {ceilings.peer_gbps:.0f} GB/s, device copy {ceilings.hbm_gbps:.0f} GB/s.", "",
              "| H | variant | M | fastest fused | us | unfused-nccl us | speedup | x floor |", "|---|---|---|---|---|---|---|---|"]
     fused_paths = lambda r: r["path"] not in ("unfused-nccl", "unfused-one-shot", "nccl_all_reduce",  # noqa: E731
                                               "one_shot_all_reduce", "lamport-ar-floor", "auto")
@@ -386,7 +427,7 @@ def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings
                      f"{base / best['us_median']:.2f} | {best['ratio_to_floor'] or math.nan:.2f} |")
     lines += ["", "Plots: " + (", ".join(plots) or "none (matplotlib missing)"), ""]
     if notes:
-        lines += ["## Notes", ""] + [f"- {n}" for n in notes]
+        lines += ["## Notes", ""] + [f"- {n['text']}" for n in notes]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -401,6 +442,8 @@ def parse_args(argv=None):
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--no-compile-tail", dest="compile_tail", action="store_false")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--merge", metavar="CSV", default=None,
+                        help="an earlier run's CSV: its rows (and notes) for hidden sizes not in --hidden are kept")
     args = parser.parse_args(argv)
     if args.calls < 50 or args.replays < 5:
         parser.error("--calls must be >= 50 and --replays >= 5")

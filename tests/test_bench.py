@@ -1,10 +1,12 @@
 """The benchmark's byte floors and report writing (the timing itself needs GPUs)."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from lamport_mhc.bench import COLUMNS, Ceilings, floor_us, fused_bytes, parse_args, write_summary
+from lamport_mhc.bench import (COLUMNS, Ceilings, floor_us, fused_bytes, parse_args, read_rows, write_results,
+                               write_summary)
 
 
 def test_ll_traffic_grows_with_tp_and_bt_caps_it():
@@ -32,16 +34,54 @@ def test_summary_lists_the_fastest_fused_path(tmp_path):
                  floor_us=2.0, ratio_to_floor=us / 2.0, speedup_vs_unfused=None)
             for p, us in (("triton-ll", 11.0), ("triton-bt", 14.0), ("unfused-nccl", 60.0), ("auto", 10.5))]
     path = tmp_path / "h200_tp2.md"
-    write_summary(rows, ["a note"], path, "h200", 2, Ceilings(700.0, 4000.0), SimpleNamespace(calls=50, replays=5), [])
+    write_summary(rows, [{"hidden": 5120, "text": "a note"}], path, "h200", 2, Ceilings(700.0, 4000.0), SimpleNamespace(calls=50, replays=5), [])
     text = path.read_text()
     assert "| 5120 | plain | 16 | triton-ll | 11.0 | 60.0 | 5.45 | 5.50 |" in text and "- a note" in text
     assert set(rows[0]) == set(COLUMNS)
+
+
+def _run_rows(hidden, us, paths=("triton-ll", "unfused-nccl")):
+    return [dict(tp=2, hidden=hidden, variant="plain", m=m, path=p, us_median=us, us_min=us - 0.5, us_max=us + 0.5,
+                 floor_us=None if p == "unfused-nccl" else 2.0, ratio_to_floor=None if p == "unfused-nccl" else us / 2,
+                 speedup_vs_unfused=1.5) for m in (16, 1) for p in paths]
+
+
+def test_merge_keeps_other_hidden_sizes_and_replaces_the_measured_one(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    args = SimpleNamespace(calls=50, replays=5, hidden=[4096, 5120])
+    notes = [{"hidden": 4096, "text": "old 4096 note"}, {"hidden": 5120, "text": "old 5120 note"}]
+    write_results(_run_rows(4096, 10.0) + _run_rows(5120, 20.0), notes, first, "h200", 2, Ceilings(700.0, 4000.0),
+                  args)
+    assert json.loads((first / "h200_tp2_notes.json").read_text())[0] == {
+        "hidden": 4096, "text": "ceilings for H=4096: peer 700 GB/s, device copy 4000 GB/s"}
+
+    args = SimpleNamespace(calls=50, replays=5, hidden=[5120], merge=str(first / "h200_tp2.csv"))
+    write_results(_run_rows(5120, 30.0, paths=("triton-bt",)), [{"hidden": 5120, "text": "new 5120 note"}], second,
+                  "h200", 2, Ceilings(800.0, 4500.0), args, merge=args.merge)
+    rows = read_rows(second / "h200_tp2.csv")
+    assert [(r["hidden"], r["m"], r["path"]) for r in rows] == [
+        (4096, 1, "triton-ll"), (4096, 1, "unfused-nccl"), (4096, 16, "triton-ll"), (4096, 16, "unfused-nccl"),
+        (5120, 1, "triton-bt"), (5120, 16, "triton-bt")]
+    assert rows[0] == dict(tp=2, hidden=4096, variant="plain", m=1, path="triton-ll", us_median=10.0, us_min=9.5,
+                           us_max=10.5, floor_us=2.0, ratio_to_floor=5.0, speedup_vs_unfused=1.5)
+    assert rows[1]["floor_us"] is None and rows[1]["ratio_to_floor"] is None
+    assert all(r["us_median"] == 30.0 for r in rows if r["hidden"] == 5120)
+
+    texts = [(n["hidden"], n["text"]) for n in json.loads((second / "h200_tp2_notes.json").read_text())]
+    assert texts == [(4096, "ceilings for H=4096: peer 700 GB/s, device copy 4000 GB/s"), (4096, "old 4096 note"),
+                     (5120, "ceilings for H=5120: peer 800 GB/s, device copy 4500 GB/s"), (5120, "new 5120 note")]
+    summary = (second / "h200_tp2.md").read_text()
+    assert "Ceilings of the latest run" in summary and "peer copy 800 GB/s" in summary
+    assert "| 4096 | plain | 16 | triton-ll | 10.0 | 10.0 | 1.00 | 5.00 |" in summary
+    assert "| 5120 | plain | 16 | triton-bt | 30.0 |" in summary and "- old 4096 note" in summary
+    assert "old 5120 note" not in summary
 
 
 def test_method_minimums_are_enforced():
     with pytest.raises(SystemExit):
         parse_args(["--calls", "10"])
     assert parse_args(["--hidden", "5120", "--rows", "1", "16"]).rows == [1, 16]
+    assert parse_args([]).merge is None and parse_args(["--merge", "old.csv"]).merge == "old.csv"
 
 
 def test_crossover_is_where_bt_stays_ahead(tmp_path):
