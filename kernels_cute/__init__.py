@@ -8,7 +8,11 @@ bits as ``kernels_triton``, structured like FlashInfer's ``comm/mnnvl_cutedsl``.
 - ``publish``, ``owner_reduce``, ``consumer``: the device kernels (``consumer`` also builds LL's
   one-kernel forms);
 - ``plan``, ``offline``: the kernels of a build and their PTX, compiled without a GPU;
-- ``backend``: ``CuteBackend``, which says it cannot run: no host launcher yet, nothing verified on a GPU.
+- ``launcher``: compiles a build's kernels once and launches them per call (graph-safe);
+- ``backend``: ``CuteBackend``, the interface ``lamport_mhc`` selects.
 
-Importing anything but ``backend`` needs nvidia-cutlass-dsl and cuda-python (``[cute]`` extra).
+The quant consumer writes MXFP8 through FlashInfer's own helpers
+(``flashinfer.quantization.quantization_cute_dsl_utils``), so its bits are FlashInfer's.
+Importing anything but ``backend`` needs nvidia-cutlass-dsl, cuda-python and flashinfer-python
+(``[cute]`` extra).
 """

@@ -15,6 +15,7 @@ from lamport_mhc.backend import BuildSpec, Support, cuda_device_support, symmetr
 try:
     import cutlass  # noqa: F401, I001  (nvidia-cutlass-dsl, first: its absence is the usual reason)
     import cuda.bindings.driver  # noqa: F401  (the kernels' stream type; cuda-python)
+    import flashinfer.quantization.quantization_cute_dsl_utils  # noqa: F401  (the quant consumer's MXFP8 helpers)
 except ModuleNotFoundError:
     raise
 except Exception as error:  # a broken installation must not break the other backends' support queries

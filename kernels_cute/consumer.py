@@ -37,20 +37,23 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, Uint32
+from flashinfer.cute_dsl.fp4_common import st_global_u64
+from flashinfer.quantization.quantization_cute_dsl_utils import (INV_FLOAT8_E4M3_MAX, bfloat2_hmax_reduce_to_f32,
+                                                                bfloat2_max_abs_4, bfloat2x4_to_fp8x8_packed,
+                                                                compute_sf_index_swizzled_128x4_gpu,
+                                                                float_to_ue8m0_fast, reduce_max_4threads,
+                                                                ue8m0_to_inv_scale_fast)
 
 from lamport_mhc import layout
 
 from . import lamport, primitives
-from .numerics import (LANES, WORDS, as_bits, as_f32, canonical_zero, canonical_zero_word, f32_to_bf16, high_f32,
-                       low_f32, pack, select)
+from .numerics import (LANES, WORDS, as_f32, canonical_zero, canonical_zero_word, f32_to_bf16, high_f32, low_f32,
+                       pack)
 from .publish import finalize_fragment, launch_shape
 
 VARIANTS = ("plain", "quant", "residual")
 WARP = 32
 MAX_CLUSTER = 8  # portable thread-block cluster size
-INV_E4M3_MAX_BITS = 0x3B124925  # fp32 RN of 1/448
-UE8M0_MAX = 254
-F32_NAN_BITS = 0x7FC00000
 FRAGMENTS_PER_SCALE = layout.MXFP8_BLOCK // LANES            # 4 threads share one scale
 FRAGMENTS_PER_SCALE_WORD = FRAGMENTS_PER_SCALE * layout.SCALE_TILE_COLS  # 16 threads: 4 scale bytes
 
@@ -125,33 +128,6 @@ def ordered_butterfly_sum(value: Float32, lane: Int32) -> Float32:
         second = Float32(cutlass.select_(upper, value, other))
         value = primitives.add_rn(first, second)
     return value
-
-
-@cute.jit
-def ue8m0_scale(amax: Float32) -> Uint32:
-    """FlashInfer's ``float_to_ue8m0_fast`` of ``amax * fp32(1/448)`` on integer bits: exponent, +1
-    if any mantissa bit, no bump for values <= 2^-127, capped at 254 (NaN and Inf give 254), 0 for
-    zero."""
-    s = Int32(as_bits(primitives.mul_rn(amax, as_f32(Uint32(INV_E4M3_MAX_BITS)))))
-    exponent = (s >> Int32(23)) & Int32(0xFF)
-    mantissa = s & Int32(0x7FFFFF)
-    bump = (mantissa != Int32(0)) & ((exponent != Int32(0)) | (mantissa > Int32(0x400000)))
-    u = cutlass.min(exponent + Int32(cutlass.select_(bump, Int32(1), Int32(0))), Int32(UE8M0_MAX))
-    return Uint32(cutlass.select_(s <= Int32(0), Int32(0), u))
-
-
-@cute.jit
-def inverse_scale(u: Uint32) -> Float32:
-    """``2^(127 - u)`` from its bits (FlashInfer's ``ue8m0_to_inv_scale_fast``); 0 for u == 0."""
-    bits = Uint32(cutlass.max(Int32(UE8M0_MAX) - Int32(u), Int32(0))) << Uint32(23)
-    return as_f32(select(u == Uint32(0), Uint32(0), bits))
-
-
-@cute.jit
-def scale_offset(row: Int32, col: Int32, padded_cols: cutlass.Constexpr[int]) -> Int64:
-    """Byte of scale (row, col) in FlashInfer's swizzled 128x4 layout."""
-    return (Int64(col % Int32(4)) + Int64(col // Int32(4)) * Int64(512) + Int64(row % Int32(32)) * Int64(16)
-            + Int64((row % Int32(128)) // Int32(32)) * Int64(4) + Int64(row // Int32(128)) * Int64(128 * padded_cols))
 
 
 class ConsumerKernel:
@@ -308,11 +284,12 @@ class ConsumerKernel:
             layer = [f32_to_bf16(primitives.mul_rn(primitives.mul_rn(prenorm[lane], inv_rms),
                                                    lane_f32(gamma_words, lane)))
                      for lane in range(LANES)]
+            layer_words = [pack(layer[2 * i], layer[2 * i + 1]) for i in range(WORDS)]
             if in_row:
                 primitives.store_v4(lamport.element_address(layer_out, Int64(token) * Int64(hidden) + Int64(column)),
-                                    [pack(layer[2 * i], layer[2 * i + 1]) for i in range(WORDS)])
+                                    layer_words)
             if cutlass.const_expr(self.quant):
-                self.store_mxfp8(layer, values, scales, token, num_tokens, fragment, column, in_row, tidx)
+                self.store_mxfp8(layer_words, values, scales, token, num_tokens, fragment, column, in_row, tidx)
         if cutlass.const_expr(self.publish is not None):
             if (tidx == Int32(0)) & (arrived == num_tokens * Int32(self.ctas) - Int32(1)):
                 primitives.store_b32(lamport.element_address(state, Int64(layout.STATE_ARRIVED)), Int32(0))
@@ -345,27 +322,15 @@ class ConsumerKernel:
         return tree_sum(nodes)
 
     @cute.jit
-    def store_mxfp8(self, layer, values: cute.Tensor, scales: cute.Tensor, token: Int32, num_tokens: Int32,
+    def store_mxfp8(self, layer_words, values: cute.Tensor, scales: cute.Tensor, token: Int32, num_tokens: Int32,
                     fragment: Int32, column: Int32, in_row: Boolean, tidx: Int32):
-        """FlashInfer's MXFP8 rules on the bf16 layer input (see ``lamport_mhc.mxfp8``): 4 consecutive
-        threads hold one 32-element block."""
-        # bf16 magnitudes order like their values as integers; a NaN lane counts only when the whole
-        # block is NaN (max.bf16x2 / max.f32 return the number).
-        key = Int32(-1)
-        for lane in cutlass.range_constexpr(LANES):
-            magnitude = Int32(layer[lane] & Uint32(0x7FFF))
-            key = cutlass.max(key, Int32(cutlass.select_(magnitude > Int32(0x7F80), Int32(-1), magnitude)))
-        for level in cutlass.range_constexpr(2):
-            key = cutlass.max(key, Int32(cute.arch.shuffle_sync_bfly(key, offset=1 << level)))
-        amax = as_f32(select(key < Int32(0), Uint32(F32_NAN_BITS), Uint32(key) << Uint32(16)))
-        u = ue8m0_scale(amax)
-        inv = inverse_scale(u)
-        pairs = [primitives.e4m3x2_saturated(primitives.mul_rn(as_f32(layer[2 * i] << Uint32(16)), inv),
-                                             primitives.mul_rn(as_f32(layer[2 * i + 1] << Uint32(16)), inv))
-                 for i in range(WORDS)]
+        """The layer input as MXFP8 through FlashInfer's own helpers, as its MXFP8 kernel calls them:
+        4 consecutive threads hold one 32-element block (``lamport_mhc.mxfp8`` states the same rules)."""
+        block_max = reduce_max_4threads(bfloat2_hmax_reduce_to_f32(bfloat2_max_abs_4(*layer_words)))
+        u = float_to_ue8m0_fast(primitives.mul_rn(block_max, Float32(INV_FLOAT8_E4M3_MAX)))
+        packed = bfloat2x4_to_fp8x8_packed(*layer_words, ue8m0_to_inv_scale_fast(u))
         if in_row:
-            primitives.store_v2(lamport.element_address(values, Int64(token) * Int64(self.hidden) + Int64(column)),
-                                [pairs[0] | (pairs[1] << Uint32(16)), pairs[2] | (pairs[3] << Uint32(16))])
+            st_global_u64(lamport.element_address(values, Int64(token) * Int64(self.hidden) + Int64(column)), packed)
 
         # Scale columns 4k..4k+3 are 4 consecutive bytes of the swizzled layout: the 16 threads of
         # those blocks gather them into one word, stored by the first.
@@ -375,8 +340,7 @@ class ConsumerKernel:
             word = word | Uint32(cute.arch.shuffle_sync_bfly(word, offset=FRAGMENTS_PER_SCALE << level))
         leader = in_row & ((tidx % Int32(FRAGMENTS_PER_SCALE_WORD)) == Int32(0))
         if leader:
-            primitives.store_b32(lamport.element_address(scales, scale_offset(token, col, self.padded_scale_cols)),
-                                 Int32(word))
+            primitives.store_b32(self.scale_address(scales, token, col), Int32(word))
             # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split
             # into one contiguous run per token.
             padding = (num_tokens + Int32(127)) // Int32(128) * Int32(128) - num_tokens
@@ -385,5 +349,10 @@ class ConsumerKernel:
             for i in cutlass.range(run):
                 row = first + i
                 if row < num_tokens + padding:
-                    primitives.store_b32(lamport.element_address(
-                        scales, scale_offset(row, col, self.padded_scale_cols)), Int32(0))
+                    primitives.store_b32(self.scale_address(scales, row, col), Int32(0))
+
+    @cute.jit
+    def scale_address(self, scales: cute.Tensor, row: Int32, col: Int32) -> Int64:
+        """Byte of scale (row, col) in FlashInfer's swizzled 128x4 layout."""
+        return lamport.element_address(scales, Int64(compute_sf_index_swizzled_128x4_gpu(
+            row, col, Int32(self.padded_scale_cols))))

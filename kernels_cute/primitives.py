@@ -221,27 +221,7 @@ def load_shared_f32(shared_address: Int32, *, loc=None, ip=None) -> Float32:
                         "=f,r,~{memory}", True, loc, ip))
 
 
-# -- MXFP8 ---------------------------------------------------------------------------------------
-
-@dsl_user_op
-def e4m3x2_saturated(low: Float32, high: Float32, *, loc=None, ip=None) -> Uint32:
-    """Two fp32 values clamped to +-448 (``min.f32``/``max.f32``, which return the number when one
-    operand is NaN, so a NaN becomes +448) and converted with ``cvt.rn.satfinite.e4m3x2.f32``, the
-    instructions of FlashInfer's MXFP8 kernels: ``low`` in bits 0-7, ``high`` in bits 8-15."""
-    return Uint32(_asm(T.i32(), [Float32(low).ir_value(loc=loc, ip=ip), Float32(high).ir_value(loc=loc, ip=ip)],
-                       "{\n\t.reg .f32 lo, hi;\n\t.reg .b16 pair;\n\t"
-                       "min.f32 lo, $1, 0f43E00000;\n\tmax.f32 lo, lo, 0fC3E00000;\n\t"
-                       "min.f32 hi, $2, 0f43E00000;\n\tmax.f32 hi, hi, 0fC3E00000;\n\t"
-                       "cvt.rn.satfinite.e4m3x2.f32 pair, hi, lo;\n\tcvt.u32.u16 $0, pair;\n\t}",
-                       "=r,f,f", False, loc, ip))
-
-
-@dsl_user_op
-def store_v2(address: Int64, words, *, loc=None, ip=None) -> None:
-    """One 8-byte ``st.global.v2.b32``: a thread's 8 MXFP8 values."""
-    _asm(None, [Int64(address).ir_value(loc=loc, ip=ip), *_words(words, loc, ip)],
-         "st.global.v2.b32 [$0], {$1, $2};", "l,r,r,~{memory}", True, loc, ip)
-
+# -- atomics ---------------------------------------------------------------------------------------
 
 @dsl_user_op
 def atomic_add_b32(address: Int64, value: Int32, *, loc=None, ip=None) -> Int32:
