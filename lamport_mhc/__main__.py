@@ -27,6 +27,9 @@ def _info(args) -> int:
     preset = presets.lookup(presets.gpu_family(info.capability), spec.tp, spec.hidden)
     print(f"LL -> BT from {preset.bt_min_rows} rows (finalize {preset.bt_min_finalize_rows}); "
           f"auto prefers {', '.join(preset.backends)}; source: {preset.source}")
+    for variant, ranges in preset.routes.items():
+        print(f"  auto {variant:8s} " + ", ".join(f"M <= {up_to}: {backend}" for up_to, backend in ranges[:-1])
+              + (", " if len(ranges) > 1 else "") + f"beyond: {ranges[-1][1]}")
     return 0
 
 

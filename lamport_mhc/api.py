@@ -13,7 +13,7 @@ from .backend import BuildSpec, load_backend
 from .call import Call
 from .config import AllReduceMHCConfig
 from .paths import FusedPath, TorchPath
-from .selector import Thresholds, choose_protocol, cross_check, pick_backend, support_table
+from .selector import Thresholds, choose_protocol, cross_check, pick_backends, support_table
 from .workspace import allocate
 
 
@@ -55,13 +55,15 @@ class AllReduceMHC:
             use_pdl=self.config.use_pdl, spin_timeout_ns=self.config.spin_timeout_ns,
             ll_one_kernel_rows=self._ll_one_kernel_rows(max_num_tokens))
 
-        self.backend = self._agree_on_backend(self.config.backend)
-        self.path = self._build_path(self.backend)
+        # One backend, or (auto, where the preset routes M ranges to several) each call on its own.
+        self.backends = self._agree_on_backends(self.config.backend)
+        self.backend = "+".join(self.backends)
+        self.path = self._build_path(self.backends)
         self.check_path = None
         if self.config.cross_check:
-            if self.config.cross_check_backend == self.backend:
+            if self.config.cross_check_backend in self.backends:
                 raise ValueError(f"cross_check_backend must differ from the backend ({self.backend!r})")
-            self.check_path = self._build_path(self.config.cross_check_backend)
+            self.check_path = self._build_path((self.config.cross_check_backend,))
         self._broken: str | None = None
 
     # -- construction ------------------------------------------------------------------------------
@@ -75,8 +77,8 @@ class AllReduceMHC:
                              f"programs that wait for each other must all be resident")
         return min(capacity, resident if rows is None else rows)
 
-    def _agree_on_backend(self, requested: str) -> str:
-        """Every rank builds the same backend: the fused backends all ranks support decide."""
+    def _agree_on_backends(self, requested: str) -> tuple[str, ...]:
+        """Every rank builds the same backends: the fused backends all ranks support decide."""
         import torch.distributed as dist
 
         self.support = {} if requested == "torch" else support_table(self.spec, self.device)
@@ -86,16 +88,20 @@ class AllReduceMHC:
         supported = set.intersection(*(set(names) for names in everyone))
         if requested in self.support and not self.support[requested].ok:
             raise RuntimeError(f"backend {requested!r} cannot run here: {self.support[requested].reason}")
-        return pick_backend(requested, self.preset.backends, supported)
+        return pick_backends(requested, self.preset, supported)
 
-    def _build_path(self, name: str):
-        if name == "torch":
+    def _build_path(self, backends: tuple[str, ...]):
+        if backends == ("torch",):
             return TorchPath(self.spec, self.group)
         workspace = allocate(self.spec, self.group, self.device, self.config.transport)
         spec = replace(self.spec, transport=workspace.transport)
         with self._on_device():
-            kernels = load_backend(name).build(spec, workspace)
-        return FusedPath(name, kernels.spec, kernels, workspace, self.thresholds)
+            kernels = {name: load_backend(name).build(spec, workspace) for name in backends}
+        route = None
+        if len(backends) > 1:
+            def route(call: Call) -> str:
+                return self.preset.backend_for(call.variant, call.m) or backends[0]
+        return FusedPath("+".join(backends), kernels, workspace, self.thresholds, route)
 
     def _on_device(self):
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()

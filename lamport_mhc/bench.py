@@ -36,6 +36,8 @@ COLUMNS = ("tp", "hidden", "variant", "m", "path", "us_median", "us_min", "us_ma
            "speedup_vs_unfused")
 INT_COLUMNS = ("tp", "hidden", "m")
 FLOAT_COLUMNS = ("us_median", "us_min", "us_max", "floor_us", "ratio_to_floor", "speedup_vs_unfused")
+PATHS = ("auto", "triton-ll", "triton-bt", "cute-ll", "cute-bt", "unfused-nccl", "unfused-one-shot",
+         "nccl_all_reduce", "one_shot_all_reduce", "lamport-ar-floor")
 DEFAULT_ROWS = [2 ** i for i in range(14)] + [3, 100, 1000]
 
 
@@ -232,9 +234,14 @@ class Sweep:
         args, capacity = self.args, max(self.args.rows)
         quantize = "quant" in args.variants
         build = dict(quantize_layer_input=quantize)
-        fused = {"auto": AllReduceMHC(hidden, HC, capacity, args.top_k, self.device, **build)}
+        fused = {}
+        if self.wanted("auto"):
+            fused["auto"] = AllReduceMHC(hidden, HC, capacity, args.top_k, self.device, **build)
+            self.note(hidden, f"auto at H={hidden} runs {fused['auto'].backend}")
         for backend in args.backends:
             for protocol, threshold in (("ll", capacity + 1), ("bt", 1)):
+                if not self.wanted(f"{backend}-{protocol}"):
+                    continue
                 config = AllReduceMHCConfig(backend=backend, bt_min_rows=threshold, bt_min_finalize_rows=threshold)
                 op = self.guarded(hidden, f"build {backend}-{protocol} H={hidden}",
                                   lambda c=config: AllReduceMHC(hidden, HC, capacity, args.top_k, self.device,
@@ -269,7 +276,7 @@ class Sweep:
                         self.record(hidden, variant, m, path, samples,
                                     floor_us(protocol, variant, self.tp, m, hidden, ceilings))
                 self._unfused(hidden, variant, m, inputs, x, consumer, symmetric)
-                if variant == "plain" and m <= FLOOR_MAX_ROWS:
+                if variant == "plain" and m <= FLOOR_MAX_ROWS and self.wanted("lamport-ar-floor"):
                     out = torch.empty_like(x)
                     samples = self.guarded(hidden, f"lamport-ar-floor H={hidden} M={m}",
                                            lambda: time_graph(lambda: floor(x, out), args.calls, args.replays))
@@ -316,11 +323,13 @@ class Sweep:
         if variant == "plain":
             paths.update({"nccl_all_reduce": nccl, "one_shot_all_reduce": one_shot})
         for path, fn in paths.items():
+            if not self.wanted(path):
+                continue
             samples = self.guarded(hidden, f"{path} {variant} H={hidden} M={m}",
                                    lambda f=fn: time_graph(f, args.calls, args.replays))
             if samples:
                 self.record(hidden, variant, m, path, samples)
-        if variant == "plain":  # the tail alone, for its achieved HBM bandwidth
+        if variant == "plain" and self.wanted("unfused-nccl"):  # the tail alone, for its achieved HBM bandwidth
             samples = self.guarded(hidden, f"tail H={hidden} M={m}",
                                    lambda: time_graph(lambda: tail(x), args.calls, args.replays))
             if samples:
@@ -329,12 +338,10 @@ class Sweep:
                 self.note(hidden, f"torch tail alone H={hidden} M={m}: {statistics.median(samples):.1f} us, "
                           f"{gbps:.0f} GB/s of HBM traffic")
 
+    def wanted(self, path: str) -> bool:
+        return self.args.paths is None or path in self.args.paths
+
     def finish(self, out: Path, gpu: str, ceilings: Ceilings) -> None:
-        unfused = {(r["hidden"], r["variant"], r["m"]): r["us_median"] for r in self.rows
-                   if r["path"] == "unfused-nccl"}
-        for r in self.rows:
-            base = unfused.get((r["hidden"], r["variant"], r["m"]))
-            r["speedup_vs_unfused"] = None if base is None else base / r["us_median"]
         if self.rank == 0:
             write_results(self.rows, self.notes, out, gpu, self.tp, ceilings, self.args, self.args.merge)
 
@@ -354,17 +361,32 @@ def notes_path(csv_path) -> Path:
     return csv_path.with_name(f"{csv_path.stem}_notes.json")
 
 
+def _row_key(row: dict) -> tuple:
+    return row["tp"], row["hidden"], row["variant"], row["m"], row["path"]
+
+
+def _note_key(note: dict) -> tuple:
+    """What a note is about: its hidden size and the text before its first colon."""
+    return note["hidden"], note["text"].split(":", 1)[0]
+
+
 def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings, args, merge=None) -> None:
-    """CSV, notes sidecar, plots and summary; with ``merge``, the earlier run's rows and notes for hidden
-    sizes this run did not measure are kept."""
-    measured = set(args.hidden)
+    """CSV, notes sidecar, plots and summary; with ``merge``, the earlier run's rows and notes are kept
+    except those this run measured again (same hidden, variant, M and path; same note subject). Every
+    row's speedup is taken against the unfused NCCL row of its shape, whichever run measured it."""
     notes = [{"hidden": h, "text": f"ceilings for H={h}: peer {ceilings.peer_gbps:.0f} GB/s, device copy "
                                    f"{ceilings.hbm_gbps:.0f} GB/s"} for h in args.hidden] + list(notes)
     if merge:
-        rows = [r for r in read_rows(merge) if r["hidden"] not in measured] + list(rows)
+        measured = {_row_key(r) for r in rows}
+        rows = [r for r in read_rows(merge) if _row_key(r) not in measured] + list(rows)
         old_notes = notes_path(merge)
         if old_notes.exists():
-            notes = [n for n in json.loads(old_notes.read_text()) if n["hidden"] not in measured] + notes
+            subjects = {_note_key(n) for n in notes}
+            notes = [n for n in json.loads(old_notes.read_text()) if _note_key(n) not in subjects] + notes
+    unfused = {_row_key(r)[:4]: r["us_median"] for r in rows if r["path"] == "unfused-nccl"}
+    for r in rows:
+        base = unfused.get(_row_key(r)[:4])
+        r["speedup_vs_unfused"] = None if base is None else base / r["us_median"]
     rows = sorted(rows, key=lambda r: (r["hidden"], r["variant"], r["m"], r["path"]))
     notes = sorted(notes, key=lambda n: (n["hidden"] is not None, n["hidden"] or 0))  # stable within a size
     out.mkdir(parents=True, exist_ok=True)
@@ -413,7 +435,8 @@ def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings
     lines = [f"# {gpu}, tp={tp}", "",
              f"CUDA graphs of {args.calls} calls, median of {args.replays} replays, max over ranks. Ceilings "
              f"{source}: peer copy {ceilings.peer_gbps:.0f} GB/s, device copy {ceilings.hbm_gbps:.0f} GB/s.", "",
-             "| H | variant | M | fastest fused | us | unfused-nccl us | speedup | x floor |", "|---|---|---|---|---|---|---|---|"]
+             "| H | variant | M | fastest fused | us | auto us | unfused-nccl us | speedup | x floor |",
+             "|---|---|---|---|---|---|---|---|---|"]
     fused_paths = lambda r: r["path"] not in ("unfused-nccl", "unfused-one-shot", "nccl_all_reduce",  # noqa: E731
                                               "one_shot_all_reduce", "lamport-ar-floor", "auto")
     for key in sorted({(r["hidden"], r["variant"], r["m"]) for r in rows}):
@@ -423,7 +446,9 @@ def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings
             continue
         best = min(fused, key=lambda r: r["us_median"])
         base = next((r["us_median"] for r in group if r["path"] == "unfused-nccl"), math.nan)
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {best['path']} | {best['us_median']:.1f} | {base:.1f} | "
+        auto = next((r["us_median"] for r in group if r["path"] == "auto"), math.nan)
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {best['path']} | {best['us_median']:.1f} | {auto:.1f} | "
+                     f"{base:.1f} | "
                      f"{base / best['us_median']:.2f} | {best['ratio_to_floor'] or math.nan:.2f} |")
     lines += ["", "Plots: " + (", ".join(plots) or "none (matplotlib missing)"), ""]
     if notes:
@@ -442,6 +467,8 @@ def parse_args(argv=None):
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--no-compile-tail", dest="compile_tail", action="store_false")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--paths", nargs="+", default=None, choices=PATHS,
+                        help="time only these paths (default: all); with --merge, the others keep their rows")
     parser.add_argument("--merge", metavar="CSV", default=None,
                         help="an earlier run's CSV: its rows (and notes) for hidden sizes not in --hidden are kept")
     args = parser.parse_args(argv)

@@ -21,6 +21,13 @@ class Call:
     shared: torch.Tensor | None = None
 
     @property
+    def variant(self) -> str:
+        """The benchmark variant a call measures as: "finalize", "quant" (MXFP8 out) or "plain"."""
+        if self.kind == "finalize":
+            return "finalize"
+        return "quant" if self.consumer.mxfp8_values is not None else "plain"
+
+    @property
     def outputs(self) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
         c = self.consumer
         mxfp8 = None if c.mxfp8_values is None else (c.mxfp8_values, c.mxfp8_scales)

@@ -3,6 +3,8 @@ unfused torch path (gather + the reference contract) that runs on any process gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import reference
@@ -15,44 +17,58 @@ from .workspace import Workspace
 class FusedPath:
     """publish -> (BT: owner reduce) -> consumer, over one rank's workspace, or one kernel for LL calls
     of at most ``spec.ll_one_kernel_rows`` rows. The steps are separate so that the simulated group
-    can launch them across ranks in protocol order."""
+    can launch them across ranks in protocol order.
 
-    def __init__(self, name: str, spec: BuildSpec, kernels: Kernels, workspace: Workspace,
-                 thresholds: Thresholds):
+    ``kernels`` maps backend names to their kernels, all built over ``workspace``; ``route(call)``
+    names the backend of each call (default: the only one). Every backend writes the same mailboxes
+    and state words, so consecutive calls, and the ranks of one call, may run different backends.
+    """
+
+    def __init__(self, name: str, kernels: dict[str, Kernels], workspace: Workspace, thresholds: Thresholds,
+                 route: Callable[[Call], str] | None = None):
+        if not kernels:
+            raise ValueError("a fused path needs the kernels of at least one backend")
         self.name = name
-        self.spec = spec
         self.kernels = kernels
+        self.spec = next(iter(kernels.values())).spec  # the workspace's build: BT state, transport
         self.workspace = workspace
         self.thresholds = thresholds
+        self.route = route
+
+    def backend(self, call: Call) -> str:
+        return self.route(call) if self.route is not None else next(iter(self.kernels))
 
     def protocol(self, call: Call) -> str:
         return choose_protocol(call.kind, call.m, self.thresholds, self.spec.bt)
 
     def one_kernel(self, call: Call, protocol: str) -> bool:
-        return protocol == "ll" and call.m <= self.spec.ll_one_kernel_rows
+        # A backend may hold fewer rows in one kernel than the build asked for (its own residency bound).
+        return protocol == "ll" and call.m <= self.kernels[self.backend(call)].spec.ll_one_kernel_rows
 
     def publish(self, call: Call, protocol: str) -> None:
+        kernels = self.kernels[self.backend(call)]
         if self.one_kernel(call, protocol):
-            self.kernels.publish_and_consume(call, "publish")
+            kernels.publish_and_consume(call, "publish")
         elif call.kind == "finalize":
-            self.kernels.finalize_publish(protocol, call.gemm2, call.weights, call.indices, call.shared)
+            kernels.finalize_publish(protocol, call.gemm2, call.weights, call.indices, call.shared)
         else:
-            self.kernels.publish(protocol, call.x)
+            kernels.publish(protocol, call.x)
 
     def reduce(self, call: Call, protocol: str) -> None:
         if protocol == "bt":
-            self.kernels.owner_reduce(call.m)
+            self.kernels[self.backend(call)].owner_reduce(call.m)
 
     def consume(self, call: Call, protocol: str) -> None:
+        kernels = self.kernels[self.backend(call)]
         if self.one_kernel(call, protocol):
-            self.kernels.publish_and_consume(call, "consume")
+            kernels.publish_and_consume(call, "consume")
         else:
-            self.kernels.consume(protocol, call.consumer)
+            kernels.consume(protocol, call.consumer)
 
     def run(self, call: Call) -> None:
         protocol = self.protocol(call)
         if self.one_kernel(call, protocol):
-            self.kernels.publish_and_consume(call)
+            self.kernels[self.backend(call)].publish_and_consume(call)
             return
         self.publish(call, protocol)
         self.reduce(call, protocol)

@@ -1,5 +1,6 @@
-"""Per-call choices: which backend an instance runs (from the config, the presets and what this
-machine supports, never a guess), which protocol a call takes, and the cross-check comparison."""
+"""Choices: which backends an instance builds (from the config, the presets and what this machine
+supports, never a guess), which protocol a call takes (its backend comes from the preset's routes),
+and the cross-check comparison."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .backend import FUSED_BACKENDS, BuildSpec, Support, load_backend
+from .presets import Preset
 
 
 @dataclass(frozen=True)
@@ -35,17 +37,21 @@ def support_table(spec: BuildSpec, device: torch.device) -> dict[str, Support]:
     return table
 
 
-def pick_backend(requested: str, preference: tuple[str, ...], supported: set[str]) -> str:
-    """The backend an instance builds, given the fused backends every rank supports: ``requested``
-    itself (which must be supported), or for "auto" the first of ``preference`` (the measured order)
-    that is supported, else the unfused "torch" path. "auto" never guesses beyond that."""
+def pick_backends(requested: str, preset: Preset, supported: set[str]) -> tuple[str, ...]:
+    """The backends an instance builds, given the fused backends every rank supports: ``requested``
+    itself (which must be supported); for "auto", every backend the preset's routes name when all of
+    them are supported (each call then runs on its route's backend), else the first of the preset's
+    measured preference that is supported, else the unfused "torch" path. "auto" never guesses."""
     if requested == "torch":
-        return "torch"
+        return ("torch",)
     if requested == "auto":
-        return next((name for name in preference if name in supported), "torch")
+        routed = preset.routed_backends()
+        if routed and set(routed) <= supported:
+            return routed
+        return (next((name for name in preset.backends if name in supported), "torch"),)
     if requested not in supported:
         raise RuntimeError(f"backend {requested!r} is not supported on every rank")
-    return requested
+    return (requested,)
 
 
 def first_difference(name: str, expected: torch.Tensor, actual: torch.Tensor) -> str | None:

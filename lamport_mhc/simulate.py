@@ -56,7 +56,7 @@ class SimulatedGroup:
             self.paths = None
         else:
             kernel_backend = load_backend(backend)
-            self.paths = [FusedPath(f"simulated {backend}", spec, kernel_backend.build(spec, ws, interpret=True),
+            self.paths = [FusedPath(f"simulated {backend}", {backend: kernel_backend.build(spec, ws, interpret=True)},
                                     ws, self.thresholds)
                           for spec, ws in zip(self.specs, self.workspaces)]
 

@@ -36,7 +36,7 @@ def test_summary_lists_the_fastest_fused_path(tmp_path):
     path = tmp_path / "h200_tp2.md"
     write_summary(rows, [{"hidden": 5120, "text": "a note"}], path, "h200", 2, Ceilings(700.0, 4000.0), SimpleNamespace(calls=50, replays=5), [])
     text = path.read_text()
-    assert "| 5120 | plain | 16 | triton-ll | 11.0 | 60.0 | 5.45 | 5.50 |" in text and "- a note" in text
+    assert "| 5120 | plain | 16 | triton-ll | 11.0 | 10.5 | 60.0 | 5.45 | 5.50 |" in text and "- a note" in text
     assert set(rows[0]) == set(COLUMNS)
 
 
@@ -46,35 +46,38 @@ def _run_rows(hidden, us, paths=("triton-ll", "unfused-nccl")):
                  speedup_vs_unfused=1.5) for m in (16, 1) for p in paths]
 
 
-def test_merge_keeps_other_hidden_sizes_and_replaces_the_measured_one(tmp_path):
+def test_merge_replaces_only_what_the_new_run_measured(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     args = SimpleNamespace(calls=50, replays=5, hidden=[4096, 5120])
-    notes = [{"hidden": 4096, "text": "old 4096 note"}, {"hidden": 5120, "text": "old 5120 note"}]
+    notes = [{"hidden": 4096, "text": "old 4096 note"}, {"hidden": 5120, "text": "tail H=5120: old"}]
     write_results(_run_rows(4096, 10.0) + _run_rows(5120, 20.0), notes, first, "h200", 2, Ceilings(700.0, 4000.0),
                   args)
     assert json.loads((first / "h200_tp2_notes.json").read_text())[0] == {
         "hidden": 4096, "text": "ceilings for H=4096: peer 700 GB/s, device copy 4000 GB/s"}
 
+    # The second run measures one more path at H=5120 and one path again.
     args = SimpleNamespace(calls=50, replays=5, hidden=[5120], merge=str(first / "h200_tp2.csv"))
-    write_results(_run_rows(5120, 30.0, paths=("triton-bt",)), [{"hidden": 5120, "text": "new 5120 note"}], second,
-                  "h200", 2, Ceilings(800.0, 4500.0), args, merge=args.merge)
+    write_results(_run_rows(5120, 40.0, paths=("triton-bt", "triton-ll")), [{"hidden": 5120, "text": "tail H=5120: new"}],
+                  second, "h200", 2, Ceilings(800.0, 4500.0), args, merge=args.merge)
     rows = read_rows(second / "h200_tp2.csv")
     assert [(r["hidden"], r["m"], r["path"]) for r in rows] == [
-        (4096, 1, "triton-ll"), (4096, 1, "unfused-nccl"), (4096, 16, "triton-ll"), (4096, 16, "unfused-nccl"),
-        (5120, 1, "triton-bt"), (5120, 16, "triton-bt")]
+        (h, m, p) for h in (4096, 5120) for m in (1, 16)
+        for p in (("triton-ll", "unfused-nccl") if h == 4096 else ("triton-bt", "triton-ll", "unfused-nccl"))]
     assert rows[0] == dict(tp=2, hidden=4096, variant="plain", m=1, path="triton-ll", us_median=10.0, us_min=9.5,
-                           us_max=10.5, floor_us=2.0, ratio_to_floor=5.0, speedup_vs_unfused=1.5)
+                           us_max=10.5, floor_us=2.0, ratio_to_floor=5.0, speedup_vs_unfused=1.0)
     assert rows[1]["floor_us"] is None and rows[1]["ratio_to_floor"] is None
-    assert all(r["us_median"] == 30.0 for r in rows if r["hidden"] == 5120)
+    new = {r["path"]: r for r in rows if r["hidden"] == 5120 and r["m"] == 1}
+    assert new["triton-ll"]["us_median"] == new["triton-bt"]["us_median"] == 40.0
+    assert new["unfused-nccl"]["us_median"] == 20.0 and new["triton-bt"]["speedup_vs_unfused"] == 0.5
 
     texts = [(n["hidden"], n["text"]) for n in json.loads((second / "h200_tp2_notes.json").read_text())]
     assert texts == [(4096, "ceilings for H=4096: peer 700 GB/s, device copy 4000 GB/s"), (4096, "old 4096 note"),
-                     (5120, "ceilings for H=5120: peer 800 GB/s, device copy 4500 GB/s"), (5120, "new 5120 note")]
+                     (5120, "ceilings for H=5120: peer 800 GB/s, device copy 4500 GB/s"), (5120, "tail H=5120: new")]
     summary = (second / "h200_tp2.md").read_text()
     assert "Ceilings of the latest run" in summary and "peer copy 800 GB/s" in summary
-    assert "| 4096 | plain | 16 | triton-ll | 10.0 | 10.0 | 1.00 | 5.00 |" in summary
-    assert "| 5120 | plain | 16 | triton-bt | 30.0 |" in summary and "- old 4096 note" in summary
-    assert "old 5120 note" not in summary
+    assert "| 4096 | plain | 16 | triton-ll | 10.0 | nan | 10.0 | 1.00 | 5.00 |" in summary
+    assert "| 5120 | plain | 16 | triton-bt | 40.0 |" in summary and "- old 4096 note" in summary
+    assert "tail H=5120: old" not in summary
 
 
 def test_method_minimums_are_enforced():
@@ -82,24 +85,38 @@ def test_method_minimums_are_enforced():
         parse_args(["--calls", "10"])
     assert parse_args(["--hidden", "5120", "--rows", "1", "16"]).rows == [1, 16]
     assert parse_args([]).merge is None and parse_args(["--merge", "old.csv"]).merge == "old.csv"
+    assert parse_args([]).paths is None and parse_args(["--paths", "auto", "cute-bt"]).paths == ["auto", "cute-bt"]
+    with pytest.raises(SystemExit):
+        parse_args(["--paths", "fastest"])
 
 
-def test_crossover_is_where_bt_stays_ahead(tmp_path):
-    from lamport_mhc.presets import crossover, suggest
+def test_crossover_and_routes_from_measurements(tmp_path):
+    from lamport_mhc.presets import crossover, routes, suggest
 
-    def rows(variant, ll, bt):
+    def rows(variant, series):
         return [dict(tp=2, hidden=5120, variant=variant, m=m, path=p, us_median=us)
-                for p, series in (("triton-ll", ll), ("triton-bt", bt)) for m, us in series.items()]
+                for p, points in series.items() for m, us in points.items()]
 
-    # BT wins once at 16 by noise, loses at 32, then wins from 64 on: the threshold is 64.
-    data = rows("plain", {1: 10, 16: 12, 32: 14, 64: 30, 128: 60}, {1: 14, 16: 11, 32: 15, 64: 20, 128: 30})
-    assert crossover(data, 5120, "plain") == 64
-    assert crossover(rows("finalize", {1: 10, 64: 20}, {1: 12, 64: 25}), 5120, "finalize") is None
+    # BT wins once at 16, loses clearly at 32 (LL within 5% counts as level), then wins from 64 on.
+    plain = rows("plain", {"triton-ll": {1: 10, 16: 12, 32: 14, 64: 30, 128: 60},
+                           "triton-bt": {1: 14, 16: 11, 32: 15, 64: 20, 128: 30}})
+    assert crossover(plain, 5120, "plain") == 64
+    assert crossover(rows("finalize", {"triton-ll": {1: 10, 64: 20}, "triton-bt": {1: 12, 64: 25}}),
+                     5120, "finalize") is None
+    # cute is fastest up to 16, triton at 32 by far, cute again from 64; at 128 triton is ahead by 2%,
+    # inside KEEP_WITHIN, so cute keeps its range.
+    both = plain + rows("plain", {"cute-ll": {1: 5, 16: 6, 32: 20, 64: 10, 128: 29.9},
+                                  "cute-bt": {1: 6, 16: 7, 32: 21, 64: 10.4, 128: 30.5}})
+    route = routes(both, 5120, "plain")
+    assert route == ((16, "cute"), (32, "triton"), (128, "cute"))
+    assert crossover(both, 5120, "plain", route) == 64  # cute-bt within 5% of cute-ll from 64; triton-ll at 32
     path = tmp_path / "r.csv"
     with open(path, "w", newline="") as f:
         import csv
         writer = csv.DictWriter(f, fieldnames=["tp", "hidden", "variant", "m", "path", "us_median"])
         writer.writeheader()
-        writer.writerows(data)
-    (line,) = suggest(str(path), "hopper")
-    assert '("hopper", 2, 5120): Preset(bt_min_rows=64, bt_min_finalize_rows=1073741824' in line
+        writer.writerows(both)
+    text = "\n".join(suggest(str(path), "hopper"))
+    assert '("hopper", 2, 5120): Preset(' in text and "bt_min_rows=64, bt_min_finalize_rows=1073741824" in text
+    assert '"plain": ((16, "cute"), (32, "triton"), (128, "cute"),)' in text
+

@@ -5,7 +5,7 @@ import torch
 
 from lamport_mhc import AllReduceMHCConfig, presets
 from lamport_mhc.backend import BuildSpec, Support, load_backend
-from lamport_mhc.selector import (Thresholds, choose_protocol, cross_check, first_difference, pick_backend,
+from lamport_mhc.selector import (Thresholds, choose_protocol, cross_check, first_difference, pick_backends,
                                   support_table)
 
 
@@ -35,15 +35,40 @@ def test_environment_overrides_the_backend(monkeypatch):
         config.with_environment()
 
 
-def test_pick_backend():
-    preference = ("triton", "cute")
-    assert pick_backend("auto", preference, {"cute", "triton"}) == "triton"
-    assert pick_backend("auto", preference, {"cute"}) == "cute"
-    assert pick_backend("auto", preference, set()) == "torch"
-    assert pick_backend("torch", preference, {"triton"}) == "torch"
-    assert pick_backend("cute", preference, {"cute", "triton"}) == "cute"
+def test_pick_backends():
+    preset = presets.Preset(1, 1, ("triton", "cute"), "test")
+    assert pick_backends("auto", preset, {"cute", "triton"}) == ("triton",)
+    assert pick_backends("auto", preset, {"cute"}) == ("cute",)
+    assert pick_backends("auto", preset, set()) == ("torch",)
+    assert pick_backends("torch", preset, {"triton"}) == ("torch",)
+    assert pick_backends("cute", preset, {"cute", "triton"}) == ("cute",)
     with pytest.raises(RuntimeError, match="'triton' is not supported on every rank"):
-        pick_backend("triton", preference, {"cute"})
+        pick_backends("triton", preset, {"cute"})
+
+
+def test_auto_builds_every_routed_backend_only_where_all_run():
+    routed = presets.Preset(1, 1, ("cute", "triton"), "test",
+                            routes={"plain": ((128, "cute"), (256, "triton"), (8192, "cute")),
+                                    "quant": ((8192, "cute"),)})
+    assert routed.routed_backends() == ("cute", "triton")
+    assert pick_backends("auto", routed, {"cute", "triton"}) == ("cute", "triton")
+    assert pick_backends("auto", routed, {"triton"}) == ("triton",)  # the preference, not half a route
+    assert [routed.backend_for("plain", m) for m in (1, 128, 129, 256, 257, 10**6)] == \
+        ["cute", "cute", "triton", "triton", "cute", "cute"]
+    assert routed.backend_for("quant", 200) == "cute" and routed.backend_for("finalize", 5) is None
+
+
+def test_measured_presets_are_what_their_results_file_gives():
+    """Every PRESETS row is the derivation of the CSV it names (rerun ``python -m lamport_mhc presets``
+    after a new benchmark)."""
+    import csv
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for (family, tp, hidden), preset in presets.PRESETS.items():
+        with open(root / preset.source, newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert presets.derive(rows, tp, hidden, preset.source) == preset, (family, tp, hidden)
 
 
 def test_choose_protocol():

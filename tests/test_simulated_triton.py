@@ -56,6 +56,31 @@ def test_generations_cycle_with_m_changing_every_call():
     assert ll_calls > 3 and bt_calls > 3
 
 
+def test_calls_routed_to_different_kernel_sets_share_one_workspace():
+    """``auto`` with per-call routes runs consecutive calls on different backends over one workspace:
+    two kernel sets built over the same mailboxes and state, taking turns by M (and rank 1 using the
+    other set than rank 0 for half the calls), keep every output exact and the generations in step."""
+    from lamport_mhc.backend import load_backend
+
+    group = _group(2, 256, bt_min_rows=5)
+    triton = load_backend("triton")
+    seen = set()
+
+    def route_of(rank):
+        def route(call):  # by M's parity; for calls of 5 rows and more, rank 1 takes the other set
+            name = "first" if (call.m + rank * (call.m > 4)) % 2 else "second"
+            seen.add((rank, call.m > 4, name))
+            return name
+        return route
+
+    for rank, path in enumerate(group.paths):
+        sets = {"first": path.kernels["triton"], "second": triton.build(path.spec, path.workspace, interpret=True)}
+        group.paths[rank] = FusedPath(path.name, sets, path.workspace, path.thresholds, route_of(rank))
+    for call, m in enumerate([1, 2, 9, 6, 3, 4, 7, 8, 5, 2, 1, 9] * 2):
+        check_simulated(group, random_inputs(2, m, 256, HC, seed=call, top_k=TOP_K), VARIANTS[call % 4], EPS)
+    assert seen == {(rank, big, name) for rank in (0, 1) for big in (False, True) for name in ("first", "second")}
+
+
 def test_nan_inf_and_signed_zero_inputs():
     """NaN and Inf travel through every step with the reference's bits (no NaN is the sentinel)."""
     group = _group(2, 256, bt_min_rows=4)

@@ -17,7 +17,8 @@ EPS = 1e-20
 VARIANTS = ("plain", "finalize", "quant", "residual")
 
 
-def build(hidden: int, capacity: int, backend: str, bt_min_rows: int, **config) -> AllReduceMHC:
+def build(hidden: int, capacity: int, backend: str, bt_min_rows: int | None, **config) -> AllReduceMHC:
+    """An op for the GPU suites; ``bt_min_rows`` None takes the preset's thresholds."""
     return AllReduceMHC(hidden, HC, capacity, TOP_K, torch.device("cuda", torch.cuda.current_device()),
                         quantize_layer_input=hidden % 128 == 0, residual_only=True,
                         config=AllReduceMHCConfig(backend=backend, transport="peer", bt_min_rows=bt_min_rows,

@@ -168,3 +168,28 @@ def test_soak_10000_calls(backend):
     for forms, first_failures, failures in run_ranks(_soak_body, 2, args=(backend, 10_000), timeout_s=300):
         assert failures == 0, f"{failures} calls with wrong bits, first: {first_failures}"
         assert forms == ["bt", "ll-one-kernel", "ll-two-kernels"]
+
+
+def _auto_routes_body(rank, tp):
+    """``auto`` where this machine's preset routes M ranges to both backends (H200 TP2 at H = 4096):
+    cute and triton over one workspace, each call on its route's backend."""
+    op = build(4096, 512, "auto", None)
+    if len(op.backends) < 2:
+        return None
+    sizes = (1, 3, 100, 128, 129, 200, 256, 257, 300, 511)
+    routed = {op.preset.backend_for(variant, m) for m in sizes for variant in ("plain", "finalize", "quant")}
+    failures = [f for m in sizes for variant in VARIANTS
+                for f in check([op], tp, rank, m, 4096, variant, seed=4096 + m * 10 + VARIANTS.index(variant))]
+    return op.backends, sorted(routed), failures
+
+
+def test_auto_runs_each_call_on_its_routed_backend():
+    require_gpus(2)
+    for backend in BACKENDS:
+        require_backend(backend)
+    results = run_ranks(_auto_routes_body, 2, timeout_s=300)
+    if results[0] is None:
+        pytest.skip("this machine's preset routes every M of H = 4096 to one backend")
+    for backends, routed, failures in results:
+        assert backends == ("cute", "triton") and routed == ["cute", "triton"]
+        assert failures == []
