@@ -3,8 +3,8 @@
 Run one process per GPU: ``torchrun --nproc-per-node 2 -m lamport_mhc bench`` (or
 ``torchrun --nproc-per-node 2 bench/run.py``). Every path runs ``--calls`` times inside one CUDA
 graph; a replay's time / calls is one sample, the max over ranks of each replay is taken, and the
-median (min, max) over ``--replays`` is reported. In the same run: the fused paths (Triton LL and BT
-forced, and ``auto``), the unfused path as engines run it (NCCL all-reduce, or PyTorch
+median (min, max) over ``--replays`` is reported. In the same run: the fused paths (LL and BT forced
+for each of ``--backends``, and ``auto``), the unfused path as engines run it (NCCL all-reduce, or PyTorch
 symmetric-memory ``one_shot_all_reduce``, then the mHC tail in compiled torch ops), both all-reduces
 alone, the simplest one-kernel Lamport all-reduce (``lamport-ar-floor``) and two ceilings (peer copy
 over NVLink, device copy in HBM) from which every fused row gets its byte floor.
