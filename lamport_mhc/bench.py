@@ -11,8 +11,8 @@ over NVLink, device copy in HBM) from which every fused row gets its byte floor.
 
 Outputs under ``--out`` (default bench/results): ``<gpu>_tp<N>.csv``, a PNG per (tp, hidden, variant)
 when matplotlib is installed (``pip install 'lamport-mhc[bench]'``), ``<gpu>_tp<N>.md`` and the notes as
-``<gpu>_tp<N>_notes.json``. ``--merge CSV`` extends an earlier run: its rows and notes for the hidden sizes
-this run does not measure are kept, the others replaced.
+``<gpu>_tp<N>_notes.json``. ``--paths`` times a subset of the paths; ``--merge CSV`` extends an earlier
+run: its rows and notes are kept except those this run measured again.
 """
 
 from __future__ import annotations
