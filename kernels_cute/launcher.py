@@ -102,24 +102,17 @@ class CuteKernels:
             raise TypeError(f"{name} has no argument(s) {sorted(unknown)}")
         self.compiled[name](*[self._argument(kind, values.get(argument)) for argument, kind in signature])
 
-    def _slots(self, protocol: str) -> int:
-        """Tokens per [generation][source] of the protocol's contribution mailbox."""
-        return self.spec.owner_capacity if protocol == "bt" else self.spec.capacity
-
-    def _mailbox(self, protocol: str):
-        return self.workspace.bt if protocol == "bt" else self.workspace.ll
-
     # -- the Kernels interface ---------------------------------------------------------------------
     def publish(self, protocol: str, x: torch.Tensor) -> None:
-        mailbox = self._mailbox(protocol)
+        mailbox = self.workspace.contributions(protocol)
         self._launch(f"publish_{protocol}", x=x, state=self.workspace.state(protocol), peer_table=mailbox.peers,
-                     multicast_address=mailbox.multicast, slots=self._slots(protocol), num_tokens=x.shape[0])
+                     multicast_address=mailbox.multicast, slots=self.spec.slots(protocol), num_tokens=x.shape[0])
 
     def finalize_publish(self, protocol: str, gemm2, weights, indices, shared) -> None:
-        mailbox = self._mailbox(protocol)
+        mailbox = self.workspace.contributions(protocol)
         self._launch(f"finalize_publish_{protocol}", x=shared, gemm2=gemm2, weights=weights, indices=indices,
                      state=self.workspace.state(protocol), peer_table=mailbox.peers,
-                     multicast_address=mailbox.multicast, slots=self._slots(protocol), num_tokens=shared.shape[0])
+                     multicast_address=mailbox.multicast, slots=self.spec.slots(protocol), num_tokens=shared.shape[0])
 
     def owner_reduce(self, m: int) -> None:
         ws = self.workspace

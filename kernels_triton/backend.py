@@ -87,27 +87,20 @@ class TritonKernels:
             return self.spec.capacity
         return {"i32": 2, "fp32": 1e-6}[kind]
 
-    def _slots(self, protocol: str) -> int:
-        """Tokens per [generation][source] of the protocol's contribution mailbox."""
-        return self.spec.owner_capacity if protocol == "bt" else self.spec.capacity
-
-    def _mailbox(self, protocol: str):
-        return self.workspace.bt if protocol == "bt" else self.workspace.ll
-
     # -- the Kernels interface ---------------------------------------------------------------------
     def publish(self, protocol: str, x: torch.Tensor) -> None:
-        mailbox = self._mailbox(protocol)
+        mailbox = self.workspace.contributions(protocol)
         grid = (x.shape[0], self.spec.hidden // chunk_width(self.spec.hidden))
         self._launch(f"publish_{protocol}", grid, x.view(torch.int16), self._unused[torch.int16],
                      self._unused[torch.float32], self._unused[torch.int32], self.workspace.state(protocol),
-                     mailbox.peers, mailbox.multicast, self._slots(protocol))
+                     mailbox.peers, mailbox.multicast, self.spec.slots(protocol))
 
     def finalize_publish(self, protocol: str, gemm2, weights, indices, shared) -> None:
-        mailbox = self._mailbox(protocol)
+        mailbox = self.workspace.contributions(protocol)
         grid = (shared.shape[0], self.spec.hidden // chunk_width(self.spec.hidden))
         self._launch(f"finalize_publish_{protocol}", grid, shared.view(torch.int16), gemm2.view(torch.int16),
                      weights, indices, self.workspace.state(protocol), mailbox.peers, mailbox.multicast,
-                     self._slots(protocol))
+                     self.spec.slots(protocol))
 
     def owner_reduce(self, m: int) -> None:
         ws, spec = self.workspace, self.spec

@@ -52,6 +52,10 @@ class BuildSpec:
     def owner_capacity(self) -> int:
         return owner_capacity(self.capacity, self.tp)
 
+    def slots(self, protocol: str) -> int:
+        """Tokens per [generation][source] of the protocol's contribution mailbox."""
+        return self.owner_capacity if protocol == "bt" else self.capacity
+
     @property
     def protocols(self) -> tuple[str, ...]:
         return PROTOCOLS if self.bt else PROTOCOLS[:1]

@@ -45,6 +45,10 @@ class Workspace:
     def state(self, protocol: str) -> torch.Tensor:
         return self.bt_state if protocol == "bt" else self.ll_state
 
+    def contributions(self, protocol: str) -> Mailbox:
+        """The mailbox the protocol's publishes write."""
+        return self.bt if protocol == "bt" else self.ll
+
     def snapshot(self) -> dict[str, torch.Tensor]:
         """Copies of all mutable state, for checking that a rejected call touched nothing."""
         tensors = {"ll": self.ll.local, "ll_state": self.ll_state, "error": self.error}
