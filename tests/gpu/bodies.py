@@ -6,11 +6,16 @@ against the CPU reference with no extra communication; a body returns the failur
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from lamport_mhc import AllReduceMHC, AllReduceMHCConfig, mxfp8_scale_bytes
 from lamport_mhc.testing import assert_outputs_match, expected_outputs, random_inputs
 
+# The TP size of the multi-GPU suites: 2 unless LAMPORT_MHC_TEST_TP says otherwise (4 and 8 on the
+# machines that have them): ``LAMPORT_MHC_TEST_TP=4 pytest tests/gpu``.
+TP = int(os.environ.get("LAMPORT_MHC_TEST_TP", "2"))
 HC = 4
 TOP_K = 6
 EPS = 1e-20

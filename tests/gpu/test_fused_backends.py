@@ -1,4 +1,4 @@
-"""Each fused backend on two GPUs (peer transport, one process per GPU): bit-exact with the
+"""Each fused backend on TP GPUs (bodies.TP, default 2; peer transport, one process per GPU): bit-exact with the
 reference for every variant, both protocols and both forms of LL, CUDA-graph replay, a long soak
 with M changing every call, and the spin bound turning a missing peer into a RuntimeError. The CuTe
 DSL sweep also runs the selector's cross-check against Triton on every call, so a single differing
@@ -11,7 +11,7 @@ import torch
 
 from lamport_mhc.testing import assert_outputs_match, bits, expected_outputs, random_inputs
 
-from .bodies import EPS, HC, TOP_K, VARIANTS, build, check, poison_allocator, run_variant, sweep
+from .bodies import EPS, HC, TOP_K, TP, VARIANTS, build, check, poison_allocator, run_variant, sweep
 from .harness import require_gpus, run_ranks
 
 # The one-kernel form's bounds for CuTe on 132 SMs are 33 / 26 / 18 rows at H = 4096 / 5120 / 7168.
@@ -37,9 +37,9 @@ def _sweep_body(rank, tp, backend, hidden):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("hidden", [4096, 5120, 7168])
 def test_bit_exact_sweep(backend, hidden):
-    require_gpus(2)
+    require_gpus(TP)
     require_backend(backend)
-    failures = [f for rank_failures in run_ranks(_sweep_body, 2, args=(backend, hidden), timeout_s=300)
+    failures = [f for rank_failures in run_ranks(_sweep_body, TP, args=(backend, hidden), timeout_s=300)
                 for f in rank_failures]
     assert not failures, f"{len(failures)} wrong calls:\n" + "\n".join(failures)
 
@@ -51,9 +51,9 @@ def _capacity_body(rank, tp, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_at_capacity_bt(backend):
-    require_gpus(2)
+    require_gpus(TP)
     require_backend(backend)
-    for failures in run_ranks(_capacity_body, 2, args=(backend,), timeout_s=300):
+    for failures in run_ranks(_capacity_body, TP, args=(backend,), timeout_s=300):
         assert failures == []
 
 
@@ -97,9 +97,9 @@ def _graph_body(rank, tp, backend, calls, replays):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_graph_replay(backend):
-    require_gpus(2)
+    require_gpus(TP)
     require_backend(backend)
-    for failures in run_ranks(_graph_body, 2, args=(backend, 100, 3), timeout_s=240):
+    for failures in run_ranks(_graph_body, TP, args=(backend, 100, 3), timeout_s=240):
         assert failures == []
 
 
@@ -122,9 +122,9 @@ def _missing_peer_body(rank, tp, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_spin_bound_reports_missing_peer(backend):
-    require_gpus(2)
+    require_gpus(TP)
     require_backend(backend)
-    message = run_ranks(_missing_peer_body, 2, args=(backend,), timeout_s=180)[0]
+    message = run_ranks(_missing_peer_body, TP, args=(backend,), timeout_s=180)[0]
     assert message is not None and "rank 1's contribution" in message and "spin timeout" in message
 
 
@@ -163,9 +163,9 @@ def _soak_body(rank, tp, backend, calls):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_soak_10000_calls(backend):
-    require_gpus(2)
+    require_gpus(TP)
     require_backend(backend)
-    for forms, first_failures, failures in run_ranks(_soak_body, 2, args=(backend, 10_000), timeout_s=300):
+    for forms, first_failures, failures in run_ranks(_soak_body, TP, args=(backend, 10_000), timeout_s=300):
         assert failures == 0, f"{failures} calls with wrong bits, first: {first_failures}"
         assert forms == ["bt", "ll-one-kernel", "ll-two-kernels"]
 
@@ -184,10 +184,10 @@ def _auto_routes_body(rank, tp):
 
 
 def test_auto_runs_each_call_on_its_routed_backend():
-    require_gpus(2)
+    require_gpus(TP)
     for backend in BACKENDS:
         require_backend(backend)
-    results = run_ranks(_auto_routes_body, 2, timeout_s=300)
+    results = run_ranks(_auto_routes_body, TP, timeout_s=300)
     if results[0] is None:
         pytest.skip("this machine's preset routes every M of H = 4096 to one backend")
     for backends, routed, failures in results:

@@ -1,4 +1,4 @@
-"""The small mHC model on two GPUs (NCCL): every fused backend that can run here, eagerly and replayed
+"""The small mHC model on TP GPUs (bodies.TP; NCCL): every fused backend that can run here, eagerly and replayed
 from a CUDA graph (two token batches through one capture), against the torch backend run eagerly on
 the same weights and tokens; every stream, layer input and logit must have identical bits. The torch
 backend itself is compared eagerly only: its finalize checks the expert indices on the host.
@@ -6,6 +6,7 @@ M covers LL and BT (the preset's BT threshold is below the capacity)."""
 
 import pytest
 
+from .bodies import TP
 from .harness import require_gpus, run_ranks
 
 HIDDEN, CAPACITY, SEED = 5120, 64, 4242
@@ -51,8 +52,8 @@ def _body(rank, tp, backend):
 
 @pytest.mark.parametrize("backend", ["triton", "cute"])
 def test_model_ab_against_torch(backend):
-    require_gpus(2)
-    results = run_ranks(_body, 2, args=(backend,), timeout_s=600)
+    require_gpus(TP)
+    results = run_ranks(_body, TP, args=(backend,), timeout_s=600)
     if results[0][0] == "skipped":
         pytest.skip(f"{backend} cannot run here: {results[0][1]}")
     for status, failures in results:

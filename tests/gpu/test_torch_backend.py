@@ -1,6 +1,6 @@
-"""The unfused torch backend on two GPUs (NCCL): bit-exact with the CPU reference."""
+"""The unfused torch backend on TP GPUs (NCCL; bodies.TP): bit-exact with the CPU reference."""
 
-from .bodies import sweep
+from .bodies import TP, sweep
 from .harness import require_gpus, run_ranks
 
 
@@ -9,6 +9,6 @@ def _body(rank, tp):
 
 
 def test_torch_backend_matches_reference():
-    require_gpus(2)
-    for failures in run_ranks(_body, 2, timeout_s=300):
+    require_gpus(TP)
+    for failures in run_ranks(_body, TP, timeout_s=300):
         assert failures == []
