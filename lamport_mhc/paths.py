@@ -41,38 +41,45 @@ class FusedPath:
     def protocol(self, call: Call) -> str:
         return choose_protocol(call.kind, call.m, self.thresholds, self.spec.bt)
 
-    def one_kernel(self, call: Call, protocol: str) -> bool:
-        # A backend may hold fewer rows in one kernel than the build asked for (its own residency bound).
-        return protocol == "ll" and call.m <= self.kernels[self.backend(call)].spec.ll_one_kernel_rows
+    def run(self, call: Call) -> None:
+        protocol, kernels = self.protocol(call), self.kernels[self.backend(call)]
+        if self._one_kernel(kernels, call, protocol):
+            kernels.publish_and_consume(call)
+            return
+        self._publish(kernels, call, protocol)
+        if protocol == "bt":
+            kernels.owner_reduce(call.m)
+        self._consume(kernels, call, protocol)
 
+    # The steps one at a time, for the simulated group, which launches each across all ranks in turn.
     def publish(self, call: Call, protocol: str) -> None:
-        kernels = self.kernels[self.backend(call)]
-        if self.one_kernel(call, protocol):
-            kernels.publish_and_consume(call, "publish")
-        elif call.kind == "finalize":
-            kernels.finalize_publish(protocol, call.gemm2, call.weights, call.indices, call.shared)
-        else:
-            kernels.publish(protocol, call.x)
+        self._publish(self.kernels[self.backend(call)], call, protocol)
 
     def reduce(self, call: Call, protocol: str) -> None:
         if protocol == "bt":
             self.kernels[self.backend(call)].owner_reduce(call.m)
 
     def consume(self, call: Call, protocol: str) -> None:
-        kernels = self.kernels[self.backend(call)]
-        if self.one_kernel(call, protocol):
+        self._consume(self.kernels[self.backend(call)], call, protocol)
+
+    @staticmethod
+    def _one_kernel(kernels: Kernels, call: Call, protocol: str) -> bool:
+        # A backend may hold fewer rows in one kernel than the build asked for (its own residency bound).
+        return protocol == "ll" and call.m <= kernels.spec.ll_one_kernel_rows
+
+    def _publish(self, kernels: Kernels, call: Call, protocol: str) -> None:
+        if self._one_kernel(kernels, call, protocol):
+            kernels.publish_and_consume(call, "publish")
+        elif call.kind == "finalize":
+            kernels.finalize_publish(protocol, call.gemm2, call.weights, call.indices, call.shared)
+        else:
+            kernels.publish(protocol, call.x)
+
+    def _consume(self, kernels: Kernels, call: Call, protocol: str) -> None:
+        if self._one_kernel(kernels, call, protocol):
             kernels.publish_and_consume(call, "consume")
         else:
             kernels.consume(protocol, call.consumer)
-
-    def run(self, call: Call) -> None:
-        protocol = self.protocol(call)
-        if self.one_kernel(call, protocol):
-            self.kernels[self.backend(call)].publish_and_consume(call)
-            return
-        self.publish(call, protocol)
-        self.reduce(call, protocol)
-        self.consume(call, protocol)
 
     def raise_on_timeout(self) -> None:
         """Raise if a spin loop gave up (spin_timeout_ms); synchronizes with the device."""
