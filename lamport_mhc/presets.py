@@ -51,7 +51,7 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
                 "finalize": ((128, "cute"), (256, "triton"), (8192, "cute"),),
                 "quant": ((8192, "cute"),)}),
     ("hopper", 2, 5120): Preset(
-        bt_min_rows=8, bt_min_finalize_rows=128, backends=("cute", "triton"), source=H200_TP2,
+        bt_min_rows=128, bt_min_finalize_rows=128, backends=("cute", "triton"), source=H200_TP2,
         routes={"plain": ((8192, "cute"),),
                 "finalize": ((8192, "cute"),),
                 "quant": ((8192, "cute"),)}),
