@@ -41,6 +41,11 @@ def one_kernel_rows(spec: BuildSpec, device: torch.device) -> int:
     return min(spec.ll_one_kernel_rows, sms * CTAS_PER_SM_BOUND // ctas_per_token)
 
 
+def current_stream() -> cuda.CUstream:
+    """The current torch stream, which the kernels launch on (the captured one inside a CUDA graph)."""
+    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+
+
 def to_cute(tensor: torch.Tensor, kind: str) -> cute.Tensor:
     """A contiguous tensor as the 1-D CuTe tensor its signature kind declares (see ``offline``)."""
     flat = tensor.detach().view(-1).view(BUFFER_DTYPES[kind])
@@ -53,7 +58,8 @@ def to_cute(tensor: torch.Tensor, kind: str) -> cute.Tensor:
 class CuteKernels:
     """The ``Kernels`` of one CuTe DSL build over a workspace (see ``lamport_mhc.backend``)."""
 
-    def __init__(self, spec: BuildSpec, workspace: Workspace):
+    def __init__(self, spec: BuildSpec, workspace: Workspace, arch: str | None = None):
+        """Compiles every kernel of ``spec`` for ``arch`` (default: the workspace's device)."""
         device = workspace.ll.local.device
         self.spec = replace(spec, ll_one_kernel_rows=one_kernel_rows(spec, device))
         self.workspace = workspace
@@ -72,8 +78,10 @@ class CuteKernels:
         for tensor, kind in fixed:
             self._converted[self._key(tensor, kind)] = to_cute(tensor, kind)
 
-        major, minor = torch.cuda.get_device_capability(device)
-        options = f"--gpu-arch {parse_arch(f'sm_{major}{minor}')}"
+        if arch is None:
+            major, minor = torch.cuda.get_device_capability(device)
+            arch = f"sm_{major}{minor}"
+        options = f"--gpu-arch {parse_arch(arch)}"
         self.compiled = {name: cute.compile(instance.kernel, *[fake_argument(kind, self.spec)
                                                                for _, kind in instance.signature], options=options)
                          for name, instance in self.plan.items()}
@@ -85,7 +93,7 @@ class CuteKernels:
 
     def _argument(self, kind: str, value):
         if kind == "stream":
-            return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+            return current_stream()
         if kind in BUFFER_DTYPES:
             if value is None:
                 value = self._unused[kind]
