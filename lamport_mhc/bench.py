@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from .backend import FUSED_BACKENDS, PROTOCOLS
 from .testing import random_inputs
 
 HC = 4
@@ -36,8 +37,8 @@ COLUMNS = ("tp", "hidden", "variant", "m", "path", "us_median", "us_min", "us_ma
            "speedup_vs_unfused")
 INT_COLUMNS = ("tp", "hidden", "m")
 FLOAT_COLUMNS = ("us_median", "us_min", "us_max", "floor_us", "ratio_to_floor", "speedup_vs_unfused")
-PATHS = ("auto", "triton-ll", "triton-bt", "cute-ll", "cute-bt", "unfused-nccl", "unfused-one-shot",
-         "nccl_all_reduce", "one_shot_all_reduce", "lamport-ar-floor")
+PATHS = (("auto",) + tuple(f"{backend}-{protocol}" for backend in FUSED_BACKENDS for protocol in PROTOCOLS)
+         + ("unfused-nccl", "unfused-one-shot", "nccl_all_reduce", "one_shot_all_reduce", "lamport-ar-floor"))
 DEFAULT_ROWS = [2 ** i for i in range(14)] + [3, 100, 1000]
 
 
@@ -461,7 +462,8 @@ def parse_args(argv=None):
     parser.add_argument("--hidden", type=int, nargs="+", default=[4096, 5120, 7168])
     parser.add_argument("--rows", type=int, nargs="+", default=DEFAULT_ROWS)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--backends", nargs="+", default=["triton"], help="fused backends timed per protocol")
+    parser.add_argument("--backends", nargs="+", choices=FUSED_BACKENDS, default=list(FUSED_BACKENDS),
+                        help="fused backends timed per protocol")
     parser.add_argument("--top-k", type=int, default=6)
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--replays", type=int, default=5)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field
 
+from .backend import FUSED_BACKENDS as BACKENDS
+from .backend import PROTOCOLS
+
 VARIANTS = ("plain", "finalize", "quant")
-BACKENDS = ("triton", "cute")
 # A backend keeps its M range while it is within this fraction of the fastest one: differences that
 # small are run-to-run noise, and a route that flips on noise would change kernels for nothing.
 KEEP_WITHIN = 0.05
@@ -79,7 +81,7 @@ def lookup(family: str, tp: int, hidden: int) -> Preset:
 # -- derivation from a benchmark CSV ------------------------------------------------------------------
 def _times(rows: list[dict], hidden: int, variant: str) -> dict[int, dict[str, float]]:
     """M -> {path: us_median} of the fused backend paths (``<backend>-ll`` / ``<backend>-bt``)."""
-    paths = {f"{b}-{p}" for b in BACKENDS for p in ("ll", "bt")}
+    paths = {f"{b}-{p}" for b in BACKENDS for p in PROTOCOLS}
     times: dict[int, dict[str, float]] = {}
     for row in rows:
         if int(row["hidden"]) == hidden and row["variant"] == variant and row["path"] in paths:
@@ -92,8 +94,8 @@ def routes(rows: list[dict], hidden: int, variant: str) -> tuple[tuple[int, str]
     that the previous M's backend stays while it is within KEEP_WITHIN of it."""
     ranges: list[list] = []
     for m, paths in sorted(_times(rows, hidden, variant).items()):
-        best = {b: min(paths[f"{b}-{p}"] for p in ("ll", "bt") if f"{b}-{p}" in paths)
-                for b in BACKENDS if any(f"{b}-{p}" in paths for p in ("ll", "bt"))}
+        best = {b: min(paths[f"{b}-{p}"] for p in PROTOCOLS if f"{b}-{p}" in paths)
+                for b in BACKENDS if any(f"{b}-{p}" in paths for p in PROTOCOLS)}
         if not best:
             continue
         fastest = min(best, key=best.get)
