@@ -43,7 +43,8 @@ def test_ptx_writes_one_named_file_per_kernel(tmp_path):
     assert "multimem.st" in (tmp_path / "triton_publish_ll_multicast_tp2_rank0_sm_90a.ptx").read_text()
 
 
-CUTE_DSL = importlib.util.find_spec("cutlass") is not None
+# The CuTe toolchain: the DSL compiler and FlashInfer (the quant consumer calls its MXFP8 helpers).
+CUTE_DSL = all(importlib.util.find_spec(name) is not None for name in ("cutlass", "flashinfer"))
 
 
 def _cute_ptx(tmp_path):
@@ -51,13 +52,14 @@ def _cute_ptx(tmp_path):
                 "--capacity", "16", "--transport", "peer", "--out", str(tmp_path))
 
 
-@pytest.mark.skipif(CUTE_DSL, reason="nvidia-cutlass-dsl is installed")
+@pytest.mark.skipif(CUTE_DSL, reason="nvidia-cutlass-dsl and flashinfer-python are installed")
 def test_ptx_for_a_missing_backend_says_why(tmp_path):
     result = _cute_ptx(tmp_path)
     assert result.returncode == 2 and "cannot compile the cute backend" in result.stderr
 
 
-@pytest.mark.skipif(not CUTE_DSL, reason="needs nvidia-cutlass-dsl (pip install 'lamport-mhc[cute-compile]')")
+@pytest.mark.skipif(not CUTE_DSL, reason="needs nvidia-cutlass-dsl and flashinfer-python "
+                                          "(pip install 'lamport-mhc[cute-compile]')")
 def test_ptx_of_the_cute_backend(tmp_path):
     result = _cute_ptx(tmp_path)
     assert result.returncode == 0, result.stderr

@@ -1,6 +1,6 @@
 """Tier 2: every CuTe DSL kernel of peer and multicast builds compiles offline (no GPU) to sm_90a and
 sm_100a PTX, and the PTX shows what the protocol and the bit contract need. Skipped where
-nvidia-cutlass-dsl is not installed."""
+nvidia-cutlass-dsl or flashinfer-python (whose MXFP8 helpers the quant consumer calls) is missing."""
 
 import re
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 pytest.importorskip("cutlass.cute")
+pytest.importorskip("flashinfer.quantization.quantization_cute_dsl_utils")
 
 from kernels_cute.backend import MAX_HIDDEN, CuteBackend
 from kernels_cute.consumer import ConsumerKernel, tree_adds
