@@ -39,9 +39,12 @@ class Preset:
     def backend_for(self, variant: str, m: int) -> str | None:
         """The measured-fastest backend for a call of ``variant`` with ``m`` rows (None: no route)."""
         ranges = self.routes.get(variant)
-        if not ranges:
-            return None
-        return next((backend for up_to, backend in ranges if m <= up_to), ranges[-1][1])
+        return route_backend(ranges, m) if ranges else None
+
+
+def route_backend(ranges: tuple[tuple[int, str], ...], m: int) -> str:
+    """The backend of the first range that holds ``m``; the last range also holds every larger M."""
+    return next((backend for up_to, backend in ranges if m <= up_to), ranges[-1][1])
 
 
 H200_TP2 = "bench/results/h200_tp2.csv"
@@ -115,7 +118,7 @@ def crossover(rows: list[dict], hidden: int, variant: str, route=None) -> int | 
     wins. BT moves half the bytes of LL per rank, so where the two are level it is the one to grow into."""
     threshold = None
     for m, paths in sorted(_times(rows, hidden, variant).items(), reverse=True):
-        backend = "triton" if not route else next((b for up_to, b in route if m <= up_to), route[-1][1])
+        backend = route_backend(route, m) if route else "triton"
         ll, bt = paths.get(f"{backend}-ll"), paths.get(f"{backend}-bt")
         if ll is None or bt is None:
             continue
