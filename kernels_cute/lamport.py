@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Int32, Int64
+from cutlass import Boolean, Float32, Int32, Int64
 
 from lamport_mhc import layout
 
 from . import primitives
-from .numerics import fragment_has_sentinel
+from .numerics import LANES, fragment_has_sentinel, high_f32, low_f32
 
 STATE_NEXT = layout.STATE_NEXT
 STATE_ACTIVE = layout.STATE_ACTIVE
@@ -41,22 +41,53 @@ def record_timeout(error: cute.Tensor, source: Int32, generation: Int32, token: 
 
 
 @cute.jit
-def poll(address: Int64, timeout_ns: Int64, error: cute.Tensor, source: Int32, generation: Int32,
-         token: Int32):
-    """16-byte volatile loads of a fragment until no lane equals the sentinel. ``timeout_ns > 0``
-    bounds the wait: on expiry the error word names what was awaited and the (incomplete) words are
-    returned, as the Triton kernels do."""
-    w0, w1, w2, w3 = primitives.load_volatile_v4(address)
-    pending = fragment_has_sentinel(w0, w1, w2, w3)
+def poll(addresses, timeout_ns: Int64, error: cute.Tensor, sources, generation: Int32, token: Int32):
+    """Words of the fragments at ``addresses`` (of the sources ``sources``: ranks, -1 for the owners'
+    sum), by 16-byte volatile loads, all in flight together, repeated until no lane of any holds the
+    sentinel. One spin loop for all: a landed slot keeps its data until this reader re-arms it, so
+    reloading it is harmless. ``timeout_ns > 0`` bounds the wait: on expiry the error word names
+    the first source still awaited and the (incomplete) words are returned, as the Triton kernels do."""
+    words = [primitives.load_volatile_v4(address) for address in addresses]
+    pending = any_pending(words)
     start = primitives.global_timer_ns()
     while pending:
-        w0, w1, w2, w3 = primitives.load_volatile_v4(address)
-        pending = fragment_has_sentinel(w0, w1, w2, w3)
+        words = [primitives.load_volatile_v4(address) for address in addresses]
+        pending = any_pending(words)
         if pending & (timeout_ns > Int64(0)):
             if primitives.global_timer_ns() - start > timeout_ns:
-                record_timeout(error, source, generation, token)
+                record_timeout(error, first_pending(words, sources), generation, token)
                 pending = Boolean(False)
-    return w0, w1, w2, w3
+    return words
+
+
+@cute.jit
+def any_pending(words) -> Boolean:
+    pending = fragment_has_sentinel(*words[0])
+    for i in cutlass.range_constexpr(1, len(words)):
+        pending = pending | fragment_has_sentinel(*words[i])
+    return pending
+
+
+@cute.jit
+def first_pending(words, sources) -> Int32:
+    """The first of ``sources`` whose fragment still holds the sentinel (the last if none does)."""
+    source = Int32(sources[-1])
+    for i in cutlass.range_constexpr(len(words) - 2, -1, -1):
+        source = Int32(cutlass.select_(fragment_has_sentinel(*words[i]), Int32(sources[i]), source))
+    return source
+
+
+@cute.jit
+def sum_sources(slots, timeout_ns: Int64, error: cute.Tensor, generation: Int32, token: Int32):
+    """The rank-order sum of every source's fragment (``slots``: their addresses, source order):
+    8 fp32 lanes, each ``((0 + c_0) + c_1) + ...`` with ``add.rn``, once all have landed."""
+    landed = poll(slots, timeout_ns, error, list(range(len(slots))), generation, token)
+    acc = [Float32(0.0) for _ in range(LANES)]
+    for source in cutlass.range_constexpr(len(slots)):
+        for lane in cutlass.range_constexpr(LANES):
+            word = landed[source][lane // 2]
+            acc[lane] = primitives.add_rn(acc[lane], low_f32(word) if lane % 2 == 0 else high_f32(word))
+    return acc
 
 
 @cute.jit

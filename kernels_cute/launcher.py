@@ -4,6 +4,9 @@ them per call on the current stream (graph-safe: no allocation, no synchronizati
 Arguments follow each kernel's signature in ``plan``. Buffers travel as 1-D CuTe tensors made from
 DLPack views; the workspace's (mailboxes, state, error word, address tables) and the stand-ins for
 arguments a kernel never dereferences are converted once and reused on every call.
+
+Each consumer launch picks its form from the call's rows: the cluster form (a token over several
+CTAs) up to ``split_rows`` rows, where latency matters, the streaming form (a CTA per token) above.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from lamport_mhc.call import Call
 from lamport_mhc.workspace import Workspace
 
 from .offline import BUFFER_KINDS, fake_argument, parse_arch
-from .plan import kernel_plan
+from .plan import STREAMING, kernel_plan
 from .publish import launch_shape
 
 # kind -> torch dtype of the buffers a signature names (bf16 data travels as int16 bits)
@@ -31,6 +34,11 @@ BUFFER_DTYPES = {"*i16": torch.int16, "*fp32": torch.float32, "*i32": torch.int3
 # once. One CTA has 128 threads, so two always fit on an SM whatever its register count (2 x 128 x 255
 # < 65,536 registers): a bound of one CTA per SM leaves room for the clusters' placement constraints.
 CTAS_PER_SM_BOUND = 1
+# Calls of at most this many rows take the cluster form of the consumer, larger ones the streaming
+# form (``BuildSpec.split_rows`` overrides it). The cluster form spreads a token over H / 1024 CTAs,
+# so few rows still fill the GPU; the streaming form moves more bytes per SM once a call has at least
+# about two CTAs per SM (2 x 132 on an H200). To be measured on the target machine.
+SPLIT_ROWS = 256
 
 
 def one_kernel_rows(spec: BuildSpec, device: torch.device) -> int:
@@ -60,9 +68,10 @@ class CuteKernels:
 
     def __init__(self, spec: BuildSpec, workspace: Workspace, arch: str | None = None):
         """Compiles every kernel of ``spec`` for ``arch`` (default: the workspace's device)."""
-        device = workspace.ll.local.device
+        device = workspace.error.device
         self.spec = replace(spec, ll_one_kernel_rows=one_kernel_rows(spec, device))
         self.workspace = workspace
+        self.split_rows = SPLIT_ROWS if spec.split_rows is None else spec.split_rows
         self.plan = kernel_plan(self.spec)
         # Stand-ins for buffers a specialization never dereferences (divisible as each kind declares).
         self._unused = {kind: torch.zeros(16, dtype=BUFFER_DTYPES[kind], device=device) for kind in BUFFER_KINDS}
@@ -129,8 +138,25 @@ class CuteKernels:
                      num_tokens=m, timeout_ns=self.spec.spin_timeout_ns, slots=self.spec.owner_capacity,
                      capacity=self.spec.capacity)
 
+    def form(self, m: int) -> str:
+        """The name prefix of the consumer form a call of ``m`` rows takes ("" is the cluster form)."""
+        return "" if m <= self.split_rows else STREAMING
+
     def consume(self, protocol: str, args: ConsumerArgs) -> None:
-        self._launch(f"consumer_{protocol}_{args.variant}", **self._consumer_values(protocol, args))
+        m = args.residual.shape[0]
+        self._launch(f"{self.form(m)}consumer_{protocol}_{args.variant}", **self._consumer_values(protocol, args))
+
+    def local(self, call: Call) -> None:
+        args = call.consumer
+        if call.kind == "finalize":
+            name, contribution = "local_finalize", dict(x=call.shared, gemm2=call.gemm2, weights=call.weights,
+                                                        indices=call.indices)
+        else:
+            name, contribution = "local", dict(x=call.x)
+        self._launch(f"{self.form(call.m)}{name}_{args.variant}", residual=args.residual, post=args.post,
+                     comb=args.comb, pre=args.pre, gamma=args.norm_weight, residual_out=args.residual_out,
+                     layer_out=args.layer_input, values=args.mxfp8_values, scales=args.mxfp8_scales,
+                     eps=float(args.norm_eps), num_tokens=call.m, **contribution)
 
     def publish_and_consume(self, call: Call, phases: str = "both") -> None:
         if phases != "both":

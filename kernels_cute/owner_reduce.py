@@ -62,13 +62,8 @@ class OwnerReduceKernel:
             # Slot of source s: [gen][s][local] of this rank's mailbox, at this thread's fragment.
             slot = [((gen * Int64(self.tp) + Int64(source)) * Int64(slots) + Int64(local)) * Int64(self.hidden)
                     + Int64(column) for source in range(self.tp)]
-            acc = [Float32(0.0) for _ in range(LANES)]
-            for source in cutlass.range_constexpr(self.tp):
-                words = lamport.poll(lamport.element_address(mailbox, slot[source]), timeout_ns, error,
-                                     Int32(source), generation, token)
-                for lane in cutlass.range_constexpr(LANES):
-                    word = words[lane // 2]
-                    acc[lane] = primitives.add_rn(acc[lane], low_f32(word) if lane % 2 == 0 else high_f32(word))
+            acc = lamport.sum_sources([lamport.element_address(mailbox, slot[source]) for source in range(self.tp)],
+                                      timeout_ns, error, generation, token)
             reduced = [pack(canonical_zero(f32_to_bf16(acc[2 * i])), canonical_zero(f32_to_bf16(acc[2 * i + 1])))
                        for i in range(WORDS)]
             offset = (gen * Int64(capacity) + Int64(token)) * Int64(self.hidden) + Int64(column)

@@ -3,7 +3,10 @@
 compiler both read this, so what ``ptx`` writes is what the GPU would run.
 
 Consumers: ``consumer_{ll,bt}_{variant}`` and, where ``spec.ll_one_kernel_rows > 0``, LL's one-kernel
-forms ``one_kernel_ll_{variant}`` and ``one_kernel_finalize_ll_{variant}``.
+forms ``one_kernel_ll_{variant}`` and ``one_kernel_finalize_ll_{variant}``; a group of one (protocol
+"local") has only ``local_{variant}`` and ``local_finalize_{variant}``. These are the cluster forms
+(a token over several CTAs, for few rows); each consumer of many rows has a streaming twin (a CTA per
+token), named with the prefix ``streaming_`` (``streaming_consumer_bt_quant``, ``streaming_local_plain``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from dataclasses import dataclass
 
 from lamport_mhc.backend import BuildSpec
 
-from .consumer import ConsumerKernel
+from .consumer import ConsumerKernel, LocalConsumerKernel
 from .owner_reduce import OwnerReduceKernel
 from .publish import PublishKernel
+from .streaming import StreamingConsumerKernel, StreamingLocalConsumerKernel
+
+STREAMING = "streaming_"  # name prefix of the streaming twin of a consumer
 
 # Runtime arguments in order, by kind (see ``offline.fake_argument``):
 #   "*i16" / "*fp32" / "*i32" / "*u8": 1-D device buffers of any length (bf16 data travels as int16 bits);
@@ -33,6 +39,11 @@ CONSUMER_SIGNATURE = (("mailbox", "*i16"), ("residual", "*i16"), ("post", "*fp32
                       # one-kernel LL forms only, as the publish's
                       ("x", "*i16"), ("gemm2", "*i16"), ("weights", "*fp32"), ("indices", "*i32"),
                       ("peer_table", "table"), ("multicast_address", "i64"), ("stream", "stream"))
+# A group of one's consumer: the call's inputs and outputs, no mailbox, state, error word or table.
+LOCAL_SIGNATURE = (("residual", "*i16"), ("post", "*fp32"), ("comb", "*fp32"), ("pre", "*fp32"), ("gamma", "*i16"),
+                   ("residual_out", "*i16"), ("layer_out", "*i16"), ("values", "*u8"), ("scales", "*u8"),
+                   ("eps", "f32"), ("num_tokens", "i32"), ("x", "*i16"), ("gemm2", "*i16"), ("weights", "*fp32"),
+                   ("indices", "*i32"), ("stream", "stream"))
 
 
 @dataclass(frozen=True)
@@ -44,10 +55,19 @@ class CuteKernelInstance:
 
 def kernel_plan(spec: BuildSpec) -> dict[str, CuteKernelInstance]:
     """Every CuTe DSL kernel of a build, keyed by name (e.g. ``publish_ll``, ``owner_reduce_bt``,
-    ``consumer_ll_quant``)."""
+    ``consumer_ll_quant``, ``streaming_consumer_ll_quant``, ``local_finalize_plain``)."""
     multicast = spec.transport == "multicast"
     plan = {}
     for protocol in spec.protocols:
+        if protocol == "local":
+            for contribution, prefix in (("x", "local"), ("finalize", "local_finalize")):
+                for variant in spec.variants:
+                    shape = dict(hidden=spec.hidden, hc=spec.hc, variant=variant, contribution=contribution,
+                                 use_pdl=spec.use_pdl, top_k=spec.top_k)
+                    for name, kernel in ((f"{prefix}_{variant}", LocalConsumerKernel(**shape)),
+                                         (f"{STREAMING}{prefix}_{variant}", StreamingLocalConsumerKernel(**shape))):
+                        plan[name] = CuteKernelInstance(name, kernel, LOCAL_SIGNATURE)
+            continue
         bt = protocol == "bt"
         for finalize in (False, True):
             name = f"{'finalize_' if finalize else ''}publish_{protocol}"
@@ -61,11 +81,16 @@ def kernel_plan(spec: BuildSpec) -> dict[str, CuteKernelInstance]:
         consumers = {"consumer": None}
         if not bt and spec.ll_one_kernel_rows > 0:
             consumers.update({"one_kernel": "x", "one_kernel_finalize": "finalize"})
-        for prefix, publish in consumers.items():
+        for prefix, contribution in consumers.items():
             for variant in spec.variants:
                 name = f"{prefix}_{protocol}_{variant}"
                 plan[name] = CuteKernelInstance(name, ConsumerKernel(
-                    hidden=spec.hidden, hc=spec.hc, tp=spec.tp, variant=variant, bt=bt, use_pdl=spec.use_pdl,
-                    publish=publish, rank=spec.rank, top_k=spec.top_k, multicast=multicast),
-                    CONSUMER_SIGNATURE)
+                    hidden=spec.hidden, hc=spec.hc, tp=spec.tp, variant=variant, protocol=protocol,
+                    use_pdl=spec.use_pdl, contribution=contribution, rank=spec.rank, top_k=spec.top_k,
+                    multicast=multicast), CONSUMER_SIGNATURE)
+        for variant in spec.variants:
+            name = f"{STREAMING}consumer_{protocol}_{variant}"
+            plan[name] = CuteKernelInstance(name, StreamingConsumerKernel(
+                hidden=spec.hidden, hc=spec.hc, tp=spec.tp, variant=variant, protocol=protocol,
+                use_pdl=spec.use_pdl), CONSUMER_SIGNATURE)
     return plan

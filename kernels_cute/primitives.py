@@ -214,9 +214,17 @@ def cluster_wait(*, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def store_shared_f32(shared_address: Int32, value: Float32, *, loc=None, ip=None) -> None:
+    """``st.shared.f32`` of a warp's partial sum into this CTA's shared memory (the streaming
+    consumer's slots, read after a CTA barrier)."""
+    _asm(None, [Int32(shared_address).ir_value(loc=loc, ip=ip), Float32(value).ir_value(loc=loc, ip=ip)],
+         "st.shared.f32 [$0], $1;", "r,f,~{memory}", True, loc, ip)
+
+
+@dsl_user_op
 def load_shared_f32(shared_address: Int32, *, loc=None, ip=None) -> Float32:
-    """``ld.shared.f32`` of a cluster-wide partial sum, kept after the cluster barrier that made the
-    peers' ``st.shared::cluster`` stores visible."""
+    """``ld.shared.f32`` of a partial sum, kept after the (cluster or CTA) barrier that made the
+    other warps' stores visible."""
     return Float32(_asm(T.f32(), [Int32(shared_address).ir_value(loc=loc, ip=ip)], "ld.shared.f32 $0, [$1];",
                         "=f,r,~{memory}", True, loc, ip))
 

@@ -1,7 +1,8 @@
 """The CuTe DSL launcher's host side without a GPU: every Kernels method assembles exactly the
 runtime arguments its kernel was compiled for (same count, order and types as the signature's fake
-arguments), with stand-ins for what a specialization never reads. The compiled functions are
-replaced by recorders; the kernels themselves run in tests/gpu."""
+arguments), with stand-ins for what a specialization never reads, and each consumer launch takes
+the form its rows call for (cluster up to ``split_rows``, streaming above). The compiled functions
+are replaced by recorders; the kernels themselves run in tests/gpu."""
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ from lamport_mhc.testing import random_inputs  # noqa: E402
 from lamport_mhc.workspace import allocate_host_group  # noqa: E402
 
 H, HC, CAPACITY, TOP_K, TP, EPS = 256, 4, 8, 3, 2, 1e-20
+SPLIT = 2  # rows up to which the consumers take the cluster form in these builds (SIZES cross it)
+SIZES = (1, SPLIT, SPLIT + 1, CAPACITY)
 
 
 class Recorder:
@@ -41,20 +44,29 @@ def _kind(argument):
     return "stream" if name in ("CUstream", "_FakeStream") else name
 
 
-@pytest.fixture
-def kernels(monkeypatch):
+def _build(monkeypatch, tp, **kwargs):
     monkeypatch.setattr(launcher.cute, "compile", Recorder)
     monkeypatch.setattr(launcher, "one_kernel_rows", lambda spec, device: spec.ll_one_kernel_rows)
     monkeypatch.setattr(launcher, "current_stream", lambda: launcher.cuda.CUstream(0))
-    spec = BuildSpec(hidden=H, hc=HC, capacity=CAPACITY, top_k=TOP_K, tp=TP, rank=0, quantize=True,
-                     residual_only=True, bt=True, ll_one_kernel_rows=2)
-    workspace = allocate_host_group([spec, BuildSpec(**{**spec.__dict__, "rank": 1})])[0]
+    spec = BuildSpec(hidden=H, hc=HC, capacity=CAPACITY, top_k=TOP_K, tp=tp, rank=0, quantize=True,
+                     residual_only=True, bt=tp > 1, **kwargs)
+    workspace = allocate_host_group([BuildSpec(**{**spec.__dict__, "rank": rank}) for rank in range(tp)])[0]
     return launcher.CuteKernels(spec, workspace, arch="sm_90a")
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    return _build(monkeypatch, TP, ll_one_kernel_rows=2, split_rows=SPLIT)
+
+
+@pytest.fixture
+def local_kernels(monkeypatch):
+    return _build(monkeypatch, 1, split_rows=SPLIT)
 
 
 def _calls(spec, m):
     """Validated calls of every kind (plain, finalize) with every consumer variant."""
-    inputs = random_inputs(TP, m, H, HC, seed=m, top_k=TOP_K)
+    inputs = random_inputs(spec.tp, m, H, HC, seed=m, top_k=TOP_K)
     cpu = torch.device("cpu")
     mxfp8 = (torch.empty((m, H), dtype=torch.float8_e4m3fn), torch.empty(mxfp8_scale_bytes(m, H), dtype=torch.uint8))
     streams = (inputs["residual"], inputs["post"], inputs["comb"])
@@ -69,9 +81,24 @@ def _calls(spec, m):
     return calls
 
 
-def test_every_launch_matches_its_compiled_signature(kernels):
+def _check_signatures(kernels):
     assert all(r.options == "--gpu-arch sm_90a" for r in kernels.compiled.values())
-    for m in (1, 5):
+    for name, recorder in kernels.compiled.items():
+        assert recorder.launches, f"{name} never launched"
+        for arguments in recorder.launches:
+            assert [_kind(a) for a in arguments] == [_kind(f) for f in recorder.fake], name
+
+
+def _launched(kernels) -> dict[str, int]:
+    """Launches so far per kernel name; resets the recorders."""
+    counts = {name: len(recorder.launches) for name, recorder in kernels.compiled.items() if recorder.launches}
+    for recorder in kernels.compiled.values():
+        recorder.launches.clear()
+    return counts
+
+
+def test_every_launch_matches_its_compiled_signature(kernels):
+    for m in SIZES:
         for call in _calls(kernels.spec, m):
             for protocol in ("ll", "bt"):
                 if call.kind == "finalize":
@@ -80,11 +107,39 @@ def test_every_launch_matches_its_compiled_signature(kernels):
                     kernels.publish(protocol, call.x)
                 kernels.consume(protocol, call.consumer)
             kernels.owner_reduce(m)
-            kernels.publish_and_consume(call)
-    for name, recorder in kernels.compiled.items():
-        assert recorder.launches, f"{name} never launched"
-        for arguments in recorder.launches:
-            assert [_kind(a) for a in arguments] == [_kind(f) for f in recorder.fake], name
+            if m <= kernels.spec.ll_one_kernel_rows:
+                kernels.publish_and_consume(call)
+    _check_signatures(kernels)
+
+
+def test_every_local_launch_matches_its_compiled_signature(local_kernels):
+    """A group of one builds only the local forms (no publish, no mailbox), and launches one kernel
+    per call."""
+    assert local_kernels.workspace.ll is None
+    assert sorted(local_kernels.compiled) == sorted(f"{form}{kind}_{variant}" for form in ("", "streaming_")
+                                                    for kind in ("local", "local_finalize")
+                                                    for variant in ("plain", "quant", "residual"))
+    for m in SIZES:
+        for call in _calls(local_kernels.spec, m):
+            local_kernels.local(call)
+    _check_signatures(local_kernels)
+
+
+def test_each_consumer_takes_the_form_of_its_rows(kernels, local_kernels, monkeypatch):
+    assert [kernels.form(m) for m in SIZES] == ["", "", "streaming_", "streaming_"]
+    for m in SIZES:
+        form = "" if m <= SPLIT else "streaming_"
+        for call in _calls(kernels.spec, m):
+            variant = call.consumer.variant
+            kernels.consume("bt", call.consumer)
+            assert _launched(kernels) == {f"{form}consumer_bt_{variant}": 1}, (m, variant)
+            local_kernels.local(call)
+            local = f"{form}local{'_finalize' if call.kind == 'finalize' else ''}_{variant}"
+            assert _launched(local_kernels) == {local: 1}, (m, call.kind, variant)
+    # without split_rows in the build, the backend's own bound
+    default = _build(monkeypatch, 1)
+    assert default.split_rows == launcher.SPLIT_ROWS
+    assert default.form(launcher.SPLIT_ROWS) == "" and default.form(launcher.SPLIT_ROWS + 1) == "streaming_"
 
 
 def test_launch_rejects_unknown_arguments_and_interpreted_halves(kernels):
