@@ -22,7 +22,8 @@ except Exception as error:  # a broken installation must not break the other bac
     raise ImportError(f"nvidia-cutlass-dsl failed to import ({type(error).__name__}: {error})") from error
 
 MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL), multimem.st, thread-block clusters
-# The norm's sum of squares spans one portable cluster of at most 8 CTAs of 128 threads x 8 lanes.
+# The cluster form (calls of few rows) reduces the norm's sum of squares within one portable cluster
+# of at most 8 CTAs of 128 threads x 8 lanes.
 MAX_HIDDEN = 8 * 128 * 8
 
 
@@ -47,7 +48,7 @@ class CuteBackend:
         return CuteKernels(spec, workspace)
 
     def compile_offline(self, spec: BuildSpec, arch: str) -> dict[str, str]:
-        """PTX of every CuTe DSL kernel of ``spec`` (publishes, owner reduce, consumers, LL's
-        one-kernel forms)."""
+        """PTX of every CuTe DSL kernel of ``spec`` (publishes, owner reduce, both forms of every
+        consumer, LL's one-kernel forms; at tp = 1 the local forms only)."""
         from .offline import compile_ptx
         return compile_ptx(spec, arch)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Int32, Int64
 
 from . import lamport, primitives
-from .numerics import LANES, WORDS, canonical_zero, f32_to_bf16, high_f32, low_f32, pack
+from .numerics import LANES, WORDS, canonical_zero, f32_to_bf16, pack
 from .publish import launch_shape
 
 

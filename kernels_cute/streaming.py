@@ -31,10 +31,10 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, Uint32
 
 from . import lamport, primitives
+from .consumer import check_consumer
 from .mhc import (WARP, WARP_ELEMENTS, fragment_node, inverse_rms, layer_words, local_reduced, mix,
                   ordered_butterfly_sum, pow2_at_least, reduced_from_mailbox, store_mxfp8, tree_sum)
 from .numerics import LANES
-from .consumer import check_consumer
 
 # Threads of a streaming CTA at most: up to H = 8192 a row takes at most 2 iterations (2 serialized
 # load rounds per token). A starting point for measurement on the GPU (ncu: achieved occupancy, DRAM
