@@ -44,14 +44,18 @@ def record_timeout(error: cute.Tensor, source: Int32, generation: Int32, token: 
 def poll(addresses, timeout_ns: Int64, error: cute.Tensor, sources, generation: Int32, token: Int32):
     """Words of the fragments at ``addresses`` (of the sources ``sources``: ranks, -1 for the owners'
     sum), by 16-byte volatile loads, all in flight together, repeated until no lane of any holds the
-    sentinel. One spin loop for all: a landed slot keeps its data until this reader re-arms it, so
-    reloading it is harmless. ``timeout_ns > 0`` bounds the wait: on expiry the error word names
+    sentinel; one spin loop for all, which re-polls only the slots still pending (a landed slot keeps
+    its data until this reader re-arms it). ``timeout_ns > 0`` bounds the wait: on expiry the error word names
     the first source still awaited and the (incomplete) words are returned, as the Triton kernels do."""
     words = [primitives.load_volatile_v4(address) for address in addresses]
     pending = any_pending(words)
     start = primitives.global_timer_ns()
     while pending:
-        words = [primitives.load_volatile_v4(address) for address in addresses]
+        if cutlass.const_expr(len(addresses) == 1):
+            words = [primitives.load_volatile_v4(addresses[0])]
+        else:  # only the slots still pending
+            words = [primitives.reload_volatile_v4(address, Int32(fragment_has_sentinel(*w)), w)
+                     for address, w in zip(addresses, words)]
         pending = any_pending(words)
         if pending & (timeout_ns > Int64(0)):
             if primitives.global_timer_ns() - start > timeout_ns:

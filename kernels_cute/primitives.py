@@ -44,6 +44,19 @@ def load_volatile_v4(address: Int64, *, loc=None, ip=None) -> tuple:
 
 
 @dsl_user_op
+def reload_volatile_v4(address: Int64, predicate: Int32, words, *, loc=None, ip=None) -> tuple:
+    """``load_volatile_v4`` where ``predicate`` is nonzero, else ``words`` unchanged: a spin loop
+    over several slots re-polls only those still pending."""
+    struct = _asm(llvm.StructType.get_literal([T.i32()] * 4),
+                  [Int64(address).ir_value(loc=loc, ip=ip), *_words(words, loc, ip),
+                   Int32(predicate).ir_value(loc=loc, ip=ip)],
+                  "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $9, 0;\n\t"
+                  "@p ld.volatile.global.v4.b32 {$0, $1, $2, $3}, [$4];\n\t}",
+                  "=r,=r,=r,=r,l,0,1,2,3,r,~{memory}", True, loc, ip)
+    return _four_words(struct, loc, ip)
+
+
+@dsl_user_op
 def load_v4(address: Int64, predicate: Int32 | None = None, *, loc=None, ip=None) -> tuple:
     """One 16-byte ``ld.global.v4.b32`` of an input fragment; with ``predicate``, zeros where it is 0
     (an unrouted top-k row is never dereferenced). Kept in program order after the PDL wait."""
