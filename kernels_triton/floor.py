@@ -19,8 +19,8 @@ def lamport_floor_kernel(x_ptr, out_ptr, mailbox_ptr, peer_table_ptr, state_ptr,
     generation = tl.load(state_ptr, volatile=True)  # state: [generation, programs arrived]
     gen = generation.to(tl.int64)
     values = canonical_zero(tl.load(x_ptr + token * HIDDEN + h))
-    lamport.broadcast(values, ((gen * TP + RANK) * capacity + token) * HIDDEN + chunk * BLOCK, peer_table_ptr,
-                      0, TP, BLOCK, False)
+    lamport.broadcast(values, ((gen * TP + RANK) * capacity + token) * HIDDEN + chunk * BLOCK, h < HIDDEN,
+                      peer_table_ptr, 0, TP, BLOCK, False)
     acc = tl.zeros([BLOCK], tl.float32)
     for source in tl.static_range(TP):
         slot = mailbox_ptr + ((gen * TP + source) * capacity + token) * HIDDEN + h

@@ -78,27 +78,32 @@ def peer_pointer(table_ptr, rank):
 
 
 @triton.jit
-def broadcast(values, offset, peer_table_ptr, multicast_address, TP: tl.constexpr, BLOCK: tl.constexpr,
+def broadcast(values, offset, mask, peer_table_ptr, multicast_address, TP: tl.constexpr, BLOCK: tl.constexpr,
               MULTICAST: tl.constexpr):
-    """Store a contiguous run of BLOCK values at element ``offset`` of every rank's copy of a
-    buffer: once through its multicast mapping, or once per rank through the peer-address table."""
+    """Store a contiguous run of BLOCK values (the lanes of ``mask``, whole 16-byte fragments) at
+    element ``offset`` of every rank's copy of a buffer: once through its multicast mapping, or once
+    per rank through the peer-address table."""
     if MULTICAST:
-        store_multicast(multicast_address, offset, values, BLOCK)
+        store_multicast(multicast_address, offset, values, mask, BLOCK)
     else:
         for peer in tl.static_range(TP):
-            tl.store(peer_pointer(peer_table_ptr, peer) + offset + tl.arange(0, BLOCK), values)
+            tl.store(peer_pointer(peer_table_ptr, peer) + offset + tl.arange(0, BLOCK), values, mask=mask)
 
 
 @triton.jit
-def store_multicast(address, offsets, values, BLOCK: tl.constexpr):
+def store_multicast(address, offsets, values, mask, BLOCK: tl.constexpr):
     """``multimem.st`` of a contiguous run of BLOCK bf16 (as int16) values starting at element
-    ``offsets`` (scalar) of the multicast mapping at ``address``: 16 bytes per store."""
+    ``offsets`` (scalar) of the multicast mapping at ``address``: 16 bytes per store, for the
+    fragments whose lanes ``mask`` holds (a mask is whole fragments: HIDDEN is a multiple of 8)."""
     half = tl.reshape(values.to(tl.uint16, bitcast=True).to(tl.uint32), (BLOCK // 2, 2))
     lo, hi = tl.split(half)
     words = tl.reshape(lo | (hi << 16), (BLOCK // 8, 2, 2))
     even, odd = tl.split(words)  # words 4i+2j and 4i+2j+1
     w0, w2 = tl.split(even)
     w1, w3 = tl.split(odd)
-    byte = address + (offsets + tl.arange(0, BLOCK // 8).to(tl.int64) * 8) * 2
+    fragment = tl.arange(0, BLOCK // 8)
+    # The fragment's first lane decides for all eight.
+    stored = tl.max(tl.reshape(mask.to(tl.int32), (BLOCK // 8, 8)), axis=1)
+    byte = address + (offsets + fragment.to(tl.int64) * 8) * 2
     ptx.multicast_store_16b(byte, w0.to(tl.int32, bitcast=True), w1.to(tl.int32, bitcast=True),
-                            w2.to(tl.int32, bitcast=True), w3.to(tl.int32, bitcast=True))
+                            w2.to(tl.int32, bitcast=True), w3.to(tl.int32, bitcast=True), stored)

@@ -66,12 +66,20 @@ def global_timer_ns(ON_GPU: tl.constexpr):
 
 
 @triton.jit
-def multicast_store_16b(addr, w0, w1, w2, w3):
-    """One ``multimem.st`` of 16 bytes per element of ``addr`` (int64 multicast addresses; the callers
-    pick block sizes that divide the row, so no lane is masked). GPU only: the simulated group has no
-    multicast transport."""
+def fence_acq_rel_gpu(ON_GPU: tl.constexpr):
+    """``fence.acq_rel.gpu``: this thread's earlier stores are ordered before its later ones at GPU
+    scope (the interpreter runs programs one after another: nothing to order)."""
+    if ON_GPU:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def multicast_store_16b(addr, w0, w1, w2, w3, stored):
+    """One ``multimem.st`` of 16 bytes per element of ``addr`` (int64 multicast addresses) where
+    ``stored`` is non-zero. GPU only: the simulated group has no multicast transport."""
     tl.inline_asm_elementwise(
-        "multimem.st.relaxed.sys.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0;",
-        "=r,l,r,r,r,r",
-        args=[addr, w0, w1, w2, w3],
+        "{ .reg .pred p; setp.ne.b32 p, $6, 0; "
+        "@p multimem.st.relaxed.sys.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0; }",
+        "=r,l,r,r,r,r,r",
+        args=[addr, w0, w1, w2, w3, stored],
         dtype=tl.int32, is_pure=False, pack=1)

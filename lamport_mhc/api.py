@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from . import presets, validate
-from .backend import BuildSpec, load_backend
+from .backend import LOCAL, BuildSpec, load_backend
 from .call import Call
 from .config import AllReduceMHCConfig
 from .paths import FusedPath, TorchPath
@@ -51,7 +51,7 @@ class AllReduceMHC:
         self.spec = BuildSpec(
             hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=rank,
             quantize=quantize_layer_input, residual_only=residual_only,
-            bt=self.thresholds.bt_reachable(max_num_tokens),
+            bt=tp > 1 and self.thresholds.bt_reachable(max_num_tokens),
             use_pdl=self.config.use_pdl, spin_timeout_ns=self.config.spin_timeout_ns,
             ll_one_kernel_rows=self._ll_one_kernel_rows(max_num_tokens))
 
@@ -112,9 +112,12 @@ class AllReduceMHC:
         return self.path.spec.transport if isinstance(self.path, FusedPath) else None
 
     def protocol(self, m: int, finalize: bool = False) -> str:
-        """The protocol a call of ``m`` rows takes ("ll" or "bt"); "gather" on the torch path."""
+        """The protocol a call of ``m`` rows takes: "ll" or "bt", "local" in a group of one (no
+        all-reduce: one kernel, no mailbox); "gather" on the torch path."""
         if isinstance(self.path, TorchPath):
             return "gather"
+        if self.spec.tp == 1:
+            return LOCAL
         return choose_protocol("finalize" if finalize else "plain", m, self.thresholds, self.spec.bt)
 
     def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps, mxfp8_out=None):

@@ -6,7 +6,8 @@ A backend module (``kernels_triton.backend``, ``kernels_cute.backend``) exposes 
 - ``build(spec, workspace, interpret=False) -> Kernels``: compile every kernel the build needs (at
   construction, never during a call or a CUDA-graph capture) over the given workspace;
 - ``compile_offline(spec, arch) -> {kernel name: PTX}``: the same kernels, compiled with no GPU.
-``Kernels`` launches the four steps of a call (or LL's one-kernel form); ``lamport_mhc.paths.FusedPath`` sequences them.
+``Kernels`` launches the four steps of a call (or LL's one-kernel form, or at tp = 1 the local form);
+``lamport_mhc.paths.FusedPath`` sequences them.
 Backends are imported only when selected, so a missing optional dependency costs nothing until used.
 """
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from .workspace import Workspace
 
 PROTOCOLS = ("ll", "bt")
+# A group of one needs no all-reduce: its one kernel computes the contribution and consumes it in
+# place (no publish, no mailbox, no poll).
+LOCAL = "local"
 TRANSPORTS = ("peer", "multicast")
 
 
@@ -47,6 +51,9 @@ class BuildSpec:
     # LL calls of at most this many rows run publish and consumer as one kernel (0: never). Each
     # program waits for its twins on the other ranks, so all must be resident: at most the SM count.
     ll_one_kernel_rows: int = 0
+    # Calls of at most this many rows spread each token over several programs (the latency form);
+    # None: the backend's own bound.
+    split_rows: int | None = None
 
     @property
     def owner_capacity(self) -> int:
@@ -58,6 +65,8 @@ class BuildSpec:
 
     @property
     def protocols(self) -> tuple[str, ...]:
+        if self.tp == 1:
+            return (LOCAL,)
         return PROTOCOLS if self.bt else PROTOCOLS[:1]
 
     @property
@@ -142,6 +151,11 @@ class Kernels(Protocol):
     def publish_and_consume(self, call: Call, phases: str = "both") -> None:
         """An LL call as one kernel (``spec.ll_one_kernel_rows``). ``phases`` "publish" then
         "consume" launch its halves separately, for the simulated group's rank-by-rank order."""
+        ...
+
+    def local(self, call: Call) -> None:
+        """A call of a group of one (``spec.protocols == ("local",)``) as one kernel: the contribution
+        (``x`` or the MoE finalize) is consumed where it is computed."""
         ...
 
 

@@ -10,6 +10,7 @@ Layouts (int16 views of bf16 slots, filled with the sentinel):
 - LL contributions  ``[3][tp][capacity][hidden]``, written by every rank;
 - BT contributions  ``[3][tp][ceil(capacity / tp)][hidden]``, written by the ranks to the owner;
 - BT sums           ``[3][capacity][hidden]``, written by the owners; shares BT's generation state.
+A group of one (the local form) has no mailbox at all: only the state and error words.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class Workspace:
     tp: int
     rank: int
     transport: str
-    ll: Mailbox
-    ll_state: torch.Tensor        # int32 [2]
+    ll: Mailbox | None            # None for a group of one
+    ll_state: torch.Tensor        # int32 [3]
     bt: Mailbox | None = None
     bt_sums: Mailbox | None = None
     bt_state: torch.Tensor | None = None
@@ -51,7 +52,9 @@ class Workspace:
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """Copies of all mutable state, for checking that a rejected call touched nothing."""
-        tensors = {"ll": self.ll.local, "ll_state": self.ll_state, "error": self.error}
+        tensors = {"ll_state": self.ll_state, "error": self.error}
+        if self.ll is not None:
+            tensors["ll"] = self.ll.local
         if self.bt is not None:
             tensors.update(bt=self.bt.local, bt_sums=self.bt_sums.local, bt_state=self.bt_state)
         return {name: tensor.clone() for name, tensor in tensors.items()}
@@ -64,6 +67,8 @@ class Workspace:
 
 def mailbox_shapes(spec: BuildSpec) -> dict[str, tuple[int, ...]]:
     g, tp, cap, h = layout.GENERATIONS, spec.tp, spec.capacity, spec.hidden
+    if tp == 1:
+        return {}
     shapes = {"ll": (g, tp, cap, h)}
     if spec.bt:
         shapes.update(bt=(g, tp, spec.owner_capacity, h), bt_sums=(g, cap, h))
@@ -86,7 +91,7 @@ def allocate_host_group(specs: list[BuildSpec]) -> list[Workspace]:
 
     workspaces = []
     for rank, spec in enumerate(specs):
-        ws = Workspace(tp=spec.tp, rank=rank, transport="peer", ll=mailbox("ll", rank),
+        ws = Workspace(tp=spec.tp, rank=rank, transport="peer", ll=mailbox("ll", rank) if spec.tp > 1 else None,
                        ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32),
                        error=torch.zeros(layout.ERROR_WORDS, dtype=torch.int32))
         if spec.bt:
@@ -117,6 +122,12 @@ def allocate(spec: BuildSpec, group, device: torch.device, transport: str) -> Wo
     recorded in the workspace; the caller compiles its kernels for it.
     """
     import torch.distributed as dist
+
+    if spec.tp == 1:  # the local form: nothing to share
+        return Workspace(tp=1, rank=0, transport="peer", ll=None,
+                         ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device),
+                         error=torch.zeros(layout.ERROR_WORDS, dtype=torch.int32, device=device))
+
     import torch.distributed._symmetric_memory as symm_mem
 
     from .machine import multicast_allowed
