@@ -152,8 +152,8 @@ def test_other_stream_counts(hc):
 @pytest.mark.parametrize("tp,hidden,split_rows", [(1, 1408, 0), (2, 1408, 3), (1, 7168, 0), (1, 7168, 3)])
 def test_norm_sums_each_chunk_by_the_contracts_tree(tp, hidden, split_rows):
     """A prenormalized row of one 4096 and then ones: the contract's tree keeps every 1.0 but the
-    one paired with 4096^2 = 2^24, a sum that adds them to 2^24 one at a time loses them all (a
-    0.05% smaller rms at H = 1408), which changes many output bits. Random rows beside it. In the
+    one paired with 4096^2 = 2^24, a sum that adds them to 2^24 one at a time loses them all (an
+    rms 0.004% smaller at H = 1408: about one output in a hundred changes). Random rows beside it. In the
     latency form the roots each token's chunks leave in the scratch are checked too: the contract's
     chunk trees, bit for bit, so any other order within a chunk fails (both forms compute a chunk's
     root with the same function). The prenormalized row is residual stream 0 (post 0, identity
