@@ -91,3 +91,32 @@ def test_no_pdl_build_has_no_griddepcontrol():
     spec = BuildSpec(hidden=256, hc=4, capacity=8, top_k=2, tp=2, rank=0, use_pdl=False)
     for name, text in compile_ptx(spec).items():
         assert "griddepcontrol" not in text, name
+
+
+@pytest.fixture(scope="module", params=[(2, 384), (2, 1408), (3, 5120), (1, 7168)], ids=lambda p: f"tp{p[0]}-h{p[1]}")
+def chunked(request):
+    tp, hidden = request.param
+    spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
+                     ll_one_kernel_rows=64 if tp > 1 else 0)
+    return tp, hidden, compile_ptx(spec, "sm_90a")
+
+
+def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
+    """Rows walked in chunks whatever H (384 = a 512 chunk, 1408 = 3 x 512, 5120 = 5 x 1024, 7168 =
+    7 x 1024): polls, loads and stores of bf16 data are 16 bytes; nothing moves a single bf16."""
+    tp, hidden, ptx = chunked
+    chunks = -(-hidden // (1024 if hidden % 1024 == 0 else 512))
+    names = set(ptx)
+    for name, text in ptx.items():
+        assert _ops(text, r"st\.global\.v4\.b32"), name
+        assert not _ops(text, r"(?:ld|st)\.(?:volatile\.)?global(?:\.\w+)*\.b16"), name
+        if name.startswith(("consumer", "one_kernel", "owner_reduce")):
+            assert _ops(text, r"ld\.volatile\.global\.v4\.b32"), name
+        if name.startswith("local"):
+            assert not _ops(text, r"ld\.volatile"), f"{name}: the local form polls nothing"
+            assert "griddepcontrol.wait" in text, name
+    # Rows of several chunks also build the latency form of every consumer.
+    consumers = {n for n in names if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith("_split")}
+    assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if chunks > 1 else set())
+    if tp == 1:
+        assert names == {"local_plain", "local_finalize_plain", "local_plain_split", "local_finalize_plain_split"}
