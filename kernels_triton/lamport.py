@@ -17,8 +17,7 @@ GENERATIONS = tl.constexpr(layout.GENERATIONS)
 # Under the interpreter every publish ran before any consumer, so a slot still empty after this
 # many polls is a protocol bug, reported like a GPU spin timeout instead of hanging the process.
 INTERPRETER_POLLS = tl.constexpr(2)
-
-
+# The int64 address of the host mirror of the spin-timeout record, in the device error buffer.
 MIRROR_ADDRESS = tl.constexpr(layout.ERROR_MIRROR_ADDRESS)
 
 
