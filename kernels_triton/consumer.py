@@ -164,7 +164,7 @@ def consumer_kernel(
     values_ptr,       # uint8 [M, H]          (QUANT)
     scales_ptr,       # uint8 swizzled scales (QUANT)
     state_ptr,        # int32 [3]: this protocol's generation state (lamport_mhc.layout)
-    error_ptr,        # int32 [4]
+    error_ptr,        # int32 [ERROR_WORDS]: the spin-timeout record and its host mirror's address
     eps,              # fp32
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever

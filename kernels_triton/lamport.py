@@ -17,15 +17,23 @@ GENERATIONS = tl.constexpr(layout.GENERATIONS)
 # Under the interpreter every publish ran before any consumer, so a slot still empty after this
 # many polls is a protocol bug, reported like a GPU spin timeout instead of hanging the process.
 INTERPRETER_POLLS = tl.constexpr(2)
+# The int64 address of the host mirror of the spin-timeout record, in the device error buffer.
+MIRROR_ADDRESS = tl.constexpr(layout.ERROR_MIRROR_ADDRESS)
 
 
 @triton.jit
-def record_timeout(error_ptr, source, generation, token):
-    """First timed-out poll of a launch wins the error word [flag, source, generation, token]."""
+def record_timeout(error_ptr, source, generation, token, ON_GPU: tl.constexpr):
+    """The first timed-out poll of a rank claims the device error buffer's flag (atomic CAS in
+    device memory) and writes the record [flag, source, generation, token] there and, flag last
+    after a system fence, to the host mirror whose address the buffer holds (0: none)."""
     if tl.atomic_cas(error_ptr, 0, 1) == 0:
-        tl.store(error_ptr + 1, source)
-        tl.store(error_ptr + 2, generation)
-        tl.store(error_ptr + 3, token)
+        record = (source + tl.zeros([], tl.int32), generation.to(tl.int32), token.to(tl.int32))
+        tl.store(error_ptr + 1, record[0])
+        tl.store(error_ptr + 2, record[1])
+        tl.store(error_ptr + 3, record[2])
+        mirror = tl.load(error_ptr.to(tl.pointer_type(tl.int64)) + MIRROR_ADDRESS)
+        if mirror != 0:
+            ptx.store_record_system(mirror, record[0], record[1], record[2], ON_GPU)
 
 
 @triton.jit
@@ -45,7 +53,7 @@ def poll(ptrs, mask, timeout_ns, error_ptr, source, generation, token, ON_GPU: t
         else:
             expired = polls >= INTERPRETER_POLLS
         if expired & (pending != 0):
-            record_timeout(error_ptr, source, generation, token)
+            record_timeout(error_ptr, source, generation, token, ON_GPU)
             pending = 0
     return values
 

@@ -21,7 +21,7 @@ def owner_reduce_kernel(
     sums_table_ptr,   # int64 [TP]: every rank's sums buffer [3][capacity][H]
     sums_multicast_address,  # int64 (MULTICAST)
     state_ptr,        # int32 [2]: BT [next, active]
-    error_ptr,        # int32 [4]
+    error_ptr,        # int32 [6] (layout.ERROR_WORDS)
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever
     slots,            # ceil(capacity / TP)

@@ -74,6 +74,27 @@ def fence_acq_rel_gpu(ON_GPU: tl.constexpr):
 
 
 @triton.jit
+def store_record_system(address, source, generation, token, ON_GPU: tl.constexpr):
+    """Write a spin-timeout record [flag, source, generation, token] (int32 words) at ``address``
+    (int64: the host mirror in pinned memory) so that whoever sees the flag sees the rest: the three
+    words, ``fence.sc.sys``, then the flag, in one asm block that nothing can reorder. Plain
+    stores: PCIe hosts may lack the atomics to host memory. Every thread of the program runs it
+    (the values are the same); the interpreter twin stores the words in the same order."""
+    if ON_GPU:
+        tl.inline_asm_elementwise(
+            "st.global.b32 [$1+4], $2; st.global.b32 [$1+8], $3; st.global.b32 [$1+12], $4; "
+            "fence.sc.sys; st.relaxed.sys.global.b32 [$1], $5; mov.u32 $0, 0;",
+            "=r,l,r,r,r,r", args=[address, source, generation, token, tl.full([], 1, tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        words = address.to(tl.pointer_type(tl.int32))
+        tl.store(words + 1, source)
+        tl.store(words + 2, generation)
+        tl.store(words + 3, token)
+        tl.store(words, 1)
+
+
+@triton.jit
 def multicast_store_16b(addr, w0, w1, w2, w3, stored):
     """One ``multimem.st`` of 16 bytes per element of ``addr`` (int64 multicast addresses) where
     ``stored`` is non-zero. GPU only: the simulated group has no multicast transport."""

@@ -17,6 +17,16 @@ from .selector import Thresholds, choose_protocol, cross_check, pick_backends, s
 from .workspace import allocate
 
 
+def stream_capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph (a CPU device never is)."""
+    if device.type != "cuda":
+        return False
+    if device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_current_stream_capturing()
+
+
 class AllReduceMHC:
     """Lamport TP all-reduce of a sublayer's partial output fused with the mHC post-mix of the hc
     residual streams, their pre-mix collapse and RMSNorm (optionally also an MXFP8 layer input).
@@ -142,7 +152,27 @@ class AllReduceMHC:
         return self._run(call)
 
     def check(self) -> None:
-        """Raise RuntimeError if a spin loop of an earlier call gave up (spin_timeout_ms)."""
+        """Raise RuntimeError if a spin loop of an earlier call (eager or replayed in a CUDA graph)
+        gave up (spin_timeout_ms). Synchronizes with the device first, so every kernel launched so
+        far is covered, except while a CUDA graph is being captured, where it only reads what the
+        host sees already. After an error every call and check raises: rebuild on every rank."""
+        if self._broken:
+            raise RuntimeError(self._broken)
+        if self.device.type == "cuda" and not stream_capturing(self.device):
+            torch.cuda.synchronize(self.device)
+        self._raise_recorded_timeout()
+
+    def _ready(self) -> None:
+        """Before a call: raise if the instance is broken or (with the spin bound) if a kernel has
+        recorded a timeout the host can see: a read of pinned host memory, no synchronization. A
+        call being captured into a CUDA graph looks at nothing: the check belongs to the replay's
+        caller, at its next eager call or ``check()``."""
+        if self._broken:
+            raise RuntimeError(self._broken)
+        if self.spec.spin_timeout_ns and not stream_capturing(self.device):
+            self._raise_recorded_timeout()
+
+    def _raise_recorded_timeout(self) -> None:
         for path in (self.path, self.check_path):
             if isinstance(path, FusedPath):
                 try:
@@ -150,12 +180,6 @@ class AllReduceMHC:
                 except RuntimeError as error:
                     self._broken = str(error)
                     raise
-
-    def _ready(self) -> None:
-        if self._broken:
-            raise RuntimeError(self._broken)
-        if self.spec.spin_timeout_ns:
-            self.check()
 
     def _run(self, call: Call):
         with self._on_device():

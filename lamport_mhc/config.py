@@ -23,8 +23,15 @@ class AllReduceMHCConfig:
     bt_min_rows / bt_min_finalize_rows: calls of at least this many rows use the two-shot BT
     protocol; None takes the preset of this machine (``lamport_mhc.presets``).
     cross_check: also run ``cross_check_backend`` on every call and raise on the first differing bit.
-    spin_timeout_ms: bound every spin loop; an expired wait raises RuntimeError at the next call
-    (or ``check()``), which then synchronizes with the device. None: wait forever (production).
+    spin_timeout_ms: bound every spin loop, turning a lost peer into a RuntimeError instead of a
+    hang; cheap enough to keep on in production, CUDA graphs included. Cost: a clock read per poll
+    iteration on the GPU; per call on the host, a read of pinned host memory (no copy, no
+    synchronization; none at all while a graph is being captured). A poll that gives up records
+    the rank, generation and token it waited for; the error surfaces at the first eager call (or
+    ``check()``, which synchronizes first) made after the kernel that gave up has run, replayed
+    graphs included, and never inside capture. Calls are asynchronous, so an eager call may still
+    run behind a kernel that has not given up yet; the one after it raises. From then on the
+    instance raises on every call: rebuild it on every rank. None: wait forever.
     ll_one_kernel_max_rows: LL calls of at most this many rows run as one kernel (publish and
     consumer fused; the lowest latency). None: the GPU's SM count, the most for which every program
     is resident at once, as each waits for its twins on the other ranks; 0: always two kernels.

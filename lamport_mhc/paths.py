@@ -92,7 +92,8 @@ class FusedPath:
             kernels.consume(protocol, call.consumer)
 
     def raise_on_timeout(self) -> None:
-        """Raise if a spin loop gave up (spin_timeout_ms); synchronizes with the device."""
+        """Raise if a spin loop gave up (spin_timeout_ms), as far as the host sees now: reads the
+        workspace's host mirror of the record, with no device copy and no synchronization."""
         record = self.workspace.read_error()
         if record is not None:
             source, generation, token = record

@@ -68,6 +68,27 @@ def test_spin_loops_poll_16_bytes_volatile(build):
             assert not _ops(text, r"ld\.volatile\.global\.b16"), name
 
 
+# The spin-timeout record into the host mirror: the three words, a system fence, then the flag.
+MIRROR_RECORD = re.compile(r"st\.global\.b32 \[(%rd\d+)\+4\], %r\d+; st\.global\.b32 \[\1\+8\], %r\d+; "
+                           r"st\.global\.b32 \[\1\+12\], %r\d+; fence\.sc\.sys; "
+                           r"st\.relaxed\.sys\.global\.b32 \[\1\], %r\d+;")
+
+
+def test_spin_timeouts_reach_the_host_mirror_flag_last(build):
+    """Every kernel that polls claims the device flag with a CAS, then writes the host mirror's
+    record with plain stores and the flag after ``fence.sc.sys``; kernels that never wait have none."""
+    _, ptx = build
+    for name, text in ptx.items():
+        records = MIRROR_RECORD.findall(text)
+        if name.startswith(("consumer", "one_kernel", "owner_reduce")):
+            assert records and text.count("fence.sc.sys") == len(records), name
+            cas = text.find("atom.global.acq_rel.gpu.cas.b32")
+            assert 0 <= cas < text.find("fence.sc.sys"), name
+            assert not _ops(text, r"atom\.[\w.]*\.sys|red\.[\w.]*\.sys"), name  # no atomics to host memory
+        else:
+            assert not records and "fence.sc.sys" not in text, name
+
+
 def test_contract_rounding(build):
     _, ptx = build
     for name, text in ptx.items():
