@@ -21,6 +21,8 @@ A group of one (the local form) has no mailbox at all: only the state and error 
 
 from __future__ import annotations
 
+import contextlib
+
 import threading
 from dataclasses import dataclass, field
 
@@ -142,25 +144,28 @@ def _sentinel_filled(shape, device) -> torch.Tensor:
     return torch.full(shape, layout.SENTINEL_INT16, dtype=torch.int16, device=device)
 
 
-def allocate_host_group(specs: list[BuildSpec]) -> list[Workspace]:
+def allocate_host_group(specs: list[BuildSpec], device="cpu") -> list[Workspace]:
     """Host mailboxes of a simulated TP group: rank r's tables hold the host addresses of every
-    rank's buffers, exactly as a device table holds peer addresses."""
-    buffers = [{name: _sentinel_filled(shape, "cpu") for name, shape in mailbox_shapes(s).items()}
+    rank's buffers, exactly as a device table holds peer addresses. With a CUDA ``device``, the
+    same group in that one GPU's memory (for tests of what one rank does when its peers do not)."""
+    device = torch.device(device)
+    buffers = [{name: _sentinel_filled(shape, device) for name, shape in mailbox_shapes(s).items()}
                for s in specs]
 
     def mailbox(name: str, rank: int) -> Mailbox:
-        table = torch.tensor([b[name].data_ptr() for b in buffers], dtype=torch.int64)
+        table = torch.tensor([b[name].data_ptr() for b in buffers], dtype=torch.int64, device=device)
         return Mailbox(local=buffers[rank][name], peers=table)
 
     workspaces = []
     for rank, spec in enumerate(specs):
-        error, mirror = error_buffers("cpu")
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            error, mirror = error_buffers(device)
         ws = Workspace(tp=spec.tp, rank=rank, transport="peer", ll=mailbox("ll", rank) if spec.tp > 1 else None,
-                       ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32),
+                       ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device),
                        error=error, error_mirror=mirror)
         if spec.bt:
             ws.bt, ws.bt_sums = mailbox("bt", rank), mailbox("bt_sums", rank)
-            ws.bt_state = torch.zeros(layout.STATE_WORDS, dtype=torch.int32)
+            ws.bt_state = torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device)
         ws._keepalive.append(buffers)  # every rank's tables point into every rank's buffers
         workspaces.append(ws)
     return workspaces

@@ -2,8 +2,9 @@
 mirror (flag last), an eager call raises from it without a device copy, a call made while a CUDA
 graph is being captured looks at nothing, and once raised the instance stays unusable.
 
-The op is an ``AllReduceMHC`` over one rank of a simulated group (the Triton kernels under the
-interpreter), so the real call path runs: ``_ready``, validation, the fused path, the kernels."""
+The op is an ``AllReduceMHC`` over rank 0 of a simulated group of two (the Triton kernels under the
+interpreter), so the real call path runs: ``_ready``, validation, the fused path, the kernels; rank 1
+publishes before and consumes after each of its calls."""
 
 from contextlib import nullcontext
 from dataclasses import replace
@@ -22,26 +23,32 @@ TIMEOUT = r"triton rank 0: spin timeout waiting for rank 0's contribution to tok
 
 
 def _op(spin_timeout_ms=50.0) -> AllReduceMHC:
-    """An AllReduceMHC (tp = 1) whose path is a simulated rank's: the fused path over host memory."""
-    group = SimulatedGroup(1, hidden_size=H, hc_mult=HC, max_num_tokens=CAP, top_k=TOP_K, ll_one_kernel_rows=0)
+    """An AllReduceMHC whose path is rank 0's of a simulated group of two: the fused path over host
+    memory (LL in two kernels)."""
+    group = SimulatedGroup(2, hidden_size=H, hc_mult=HC, max_num_tokens=CAP, top_k=TOP_K, ll_one_kernel_rows=0)
     op = AllReduceMHC.__new__(AllReduceMHC)
     op.config = AllReduceMHCConfig(backend="triton", spin_timeout_ms=spin_timeout_ms)
     op.spec = replace(group.specs[0], spin_timeout_ns=op.config.spin_timeout_ns)
     op.device, op.path, op.check_path, op._broken = torch.device("cpu"), group.paths[0], None, None
     op.backend = op.path.name = "triton"
+    op.peer = group.paths[1], group.specs[1]
     return op
 
 
 def _call(op, seed):
-    inputs = random_inputs(1, 2, H, HC, seed=seed)
-    out = op(inputs["xs"][0], inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"],
-             inputs["norm_weight"], EPS)
+    inputs = random_inputs(2, 2, H, HC, seed=seed)
+    consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], EPS)
+    peer_path, peer_spec = op.peer
+    peer_call = validate.plain_call(peer_spec, op.device, inputs["xs"][1], *consumer, None)
+    peer_path.publish(peer_call, "ll")
+    out = op(inputs["xs"][0], *consumer)
+    peer_path.consume(peer_call, "ll")
     assert_outputs_match((out[0], out[1], None), expected_outputs(inputs, "plain", EPS))
 
 
 def _consume_unpublished(op) -> int:
     """Launch the consumer over a generation no publish wrote; returns that generation."""
-    inputs = random_inputs(1, 2, H, HC, seed=99)
+    inputs = random_inputs(2, 2, H, HC, seed=99)
     call = validate.plain_call(op.spec, op.device, inputs["xs"][0], inputs["residual"], inputs["post"],
                                inputs["comb"], inputs["pre"], inputs["norm_weight"], EPS, None)
     generation = int(op.path.workspace.ll_state[layout.STATE_ACTIVE])

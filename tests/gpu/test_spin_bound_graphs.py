@@ -34,14 +34,38 @@ def test_graph_capture_and_replay_with_the_bound(backend):
         assert failures == []
 
 
+def _rank_of_a_pair_on_one_gpu(backend: str, hidden: int, capacity: int, timeout_ms: float):
+    """An op over rank 0 of a group of two whose mailboxes both live in this GPU's memory (LL in two
+    kernels): the real kernels and call path, with a peer that never publishes."""
+    from lamport_mhc import AllReduceMHC, AllReduceMHCConfig
+    from lamport_mhc.backend import BuildSpec, load_backend
+    from lamport_mhc.paths import FusedPath
+    from lamport_mhc.selector import Thresholds
+    from lamport_mhc.workspace import allocate_host_group
+
+    config = AllReduceMHCConfig(backend=backend, transport="peer", spin_timeout_ms=timeout_ms)
+    specs = [BuildSpec(hidden=hidden, hc=HC, capacity=capacity, top_k=TOP_K, tp=2, rank=rank,
+                       spin_timeout_ns=config.spin_timeout_ns) for rank in range(2)]
+    workspace = allocate_host_group(specs, device=torch.device("cuda", torch.cuda.current_device()))[0]
+    never = Thresholds(capacity + 1, capacity + 1)
+    op = AllReduceMHC.__new__(AllReduceMHC)
+    op.config, op.spec, op.device, op.backend = config, specs[0], workspace.error.device, backend
+    op.path = FusedPath(backend, {backend: load_backend(backend).build(specs[0], workspace)}, workspace, never)
+    op.check_path, op._broken, op.thresholds = None, None, never
+    return op
+
+
 def _timeout_in_graph_body(rank, tp, backend):
     """Capture a consumer launched over a generation no publish wrote (the real kernel, polling
     slots its last reader re-armed), replay it, keep the stream busy behind it, and make an eager
     call: it must raise from the host mirror while the stream is still busy (no synchronization)."""
     timeout_ms, hidden, m = 50.0, 1024, 4
-    # LL only, two kernels: the consumer launches on its own (the one-kernel form publishes too).
-    op = build(hidden, 16, backend, 17, spin_timeout_ms=timeout_ms, ll_one_kernel_max_rows=0)
-    failures = [f for seed in range(2) for f in check([op], tp, rank, m, hidden, "plain", seed=seed)]
+    if tp == 1:  # a group of one polls nothing: rank 0 of a pair on this GPU, whose peer never runs
+        op, failures = _rank_of_a_pair_on_one_gpu(backend, hidden, 16, timeout_ms), []
+    else:
+        # LL only, two kernels: the consumer launches on its own (the one-kernel form publishes too).
+        op = build(hidden, 16, backend, 17, spin_timeout_ms=timeout_ms, ll_one_kernel_max_rows=0)
+        failures = [f for seed in range(2) for f in check([op], tp, rank, m, hidden, "plain", seed=seed)]
     torch.cuda.synchronize()
     generation = int(op.path.workspace.ll_state[layout.STATE_ACTIVE])  # consumed, re-armed
     inputs = random_inputs(tp, m, hidden, HC, seed=7, top_k=TOP_K, device="cuda")
