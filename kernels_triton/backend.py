@@ -87,8 +87,7 @@ class TritonKernels:
         else:
             if overrides:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
-            instance.fn[grid](*args, **instance.constexprs, num_warps=instance.num_warps,
-                              enable_fp_fusion=False, launch_pdl=self.spec.use_pdl)
+            instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, **overrides):
         split = self._split(m, waits_for_twins)
@@ -98,8 +97,8 @@ class TritonKernels:
         """Compile every kernel now, so no call (and no CUDA-graph capture) compiles."""
         for instance in self.plan.values():
             args = [self._placeholder(arg, kind) for arg, kind in instance.signature.items()]
-            instance.fn.warmup(*args, grid=(1,), **instance.constexprs, num_warps=instance.num_warps,
-                               enable_fp_fusion=False, launch_pdl=self.spec.use_pdl)
+            instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
+                               launch_pdl=self.spec.use_pdl)
 
     def _placeholder(self, arg: str, kind: str):
         """An argument of the kind a real launch passes (scalars typed as at run time)."""

@@ -100,7 +100,7 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
 
 @triton.jit
 def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN: tl.constexpr,
-                 CHUNK: tl.constexpr):
+                 CHUNK: tl.constexpr, ON_GPU: tl.constexpr):
     """FlashInfer's MXFP8 rules on one chunk of the bf16 layer input (see lamport_mhc.mxfp8)."""
     COLS: tl.constexpr = HIDDEN // 32
     PADDED_COLS: tl.constexpr = (COLS + 3) // 4 * 4
@@ -113,7 +113,7 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     amax = tl.where(block_max < 0, nan, (block_max << 16).to(tl.float32, bitcast=True))
     scale = ue8m0_scale(amax)
     scaled = tl.reshape(bf16_to_f32(layer), (CHUNK // 32, 32)) * inverse_scale(scale)[:, None]
-    codes = tl.reshape(f32_to_e4m3(scaled), (CHUNK,))
+    codes = tl.reshape(f32_to_e4m3(scaled, ON_GPU), (CHUNK,))
     tl.store(values_ptr + token * HIDDEN + h, codes.to(tl.uint8), mask=h < HIDDEN)
     cols = chunk * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
     tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
@@ -121,33 +121,56 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     # one contiguous run per token.
     padding = (num_tokens + 127) // 128 * 128 - num_tokens
     run = (padding + num_tokens - 1) // num_tokens
-    offsets = tl.arange(0, 128)
-    rows = num_tokens + token * run + offsets
-    in_run = (offsets < run) & (rows < num_tokens + padding)
-    tl.store(scales_ptr + scale_offset(rows[:, None], cols[None, :], PADDED_COLS),
-             tl.zeros([128, CHUNK // 32], tl.uint8), mask=in_run[:, None] & (cols < COLS)[None, :])
+    if token * run < padding:  # most tokens have no run
+        offsets = tl.arange(0, 128)
+        rows = num_tokens + token * run + offsets
+        in_run = (offsets < run) & (rows < num_tokens + padding)
+        tl.store(scales_ptr + scale_offset(rows[:, None], cols[None, :], PADDED_COLS),
+                 tl.zeros([128, CHUNK // 32], tl.uint8), mask=in_run[:, None] & (cols < COLS)[None, :])
+
+
+@triton.jit
+def _normalize_chunk(prenorm_bits, gamma_bits, inv_rms, token, num_tokens, chunk, h, in_row, layer_out_ptr,
+                     values_ptr, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
+                     ON_GPU: tl.constexpr):
+    layer = f32_to_bf16((bf16_to_f32(prenorm_bits) * inv_rms) * bf16_to_f32(gamma_bits))
+    tl.store(layer_out_ptr + token * HIDDEN + h, layer, mask=in_row)
+    if VARIANT == QUANT:
+        _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK, ON_GPU)
 
 
 @triton.jit
 def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
                    HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-                   VARIANT: tl.constexpr):
+                   VARIANT: tl.constexpr, LOADS_FIRST: tl.constexpr, ON_GPU: tl.constexpr):
     """The second pass over the whole row: RMSNorm of the parked prenormalized row (the chunk roots'
-    tree, then IEEE division and square root), times gamma, and the MXFP8 copy."""
+    tree, then IEEE division and square root), times gamma, and the MXFP8 copy. ``LOADS_FIRST``
+    (one program finishing a token alone) issues every chunk's loads before the first store, so
+    their latencies overlap; otherwise chunk by chunk (other programs hide the latency)."""
     sum_squares = pairwise_sum(roots, ROOTS)
     mean = tl.math.div_rn(sum_squares, tl.full([], HIDDEN, tl.float32)) + eps
     inv_rms = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.math.sqrt_rn(mean))
-    for chunk in range(CHUNKS):
-        h = chunk * CHUNK + tl.arange(0, CHUNK)
-        in_row = h < HIDDEN
-        # Written by other threads (or programs) of this token: read from L2, past this SM's L1.
-        prenorm = bf16_to_f32(tl.load(layer_out_ptr + token * HIDDEN + h, mask=in_row, other=0,
-                                      cache_modifier=".cg"))
-        gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=in_row, other=0))
-        layer = f32_to_bf16((prenorm * inv_rms) * gamma)
-        tl.store(layer_out_ptr + token * HIDDEN + h, layer, mask=in_row)
-        if VARIANT == QUANT:
-            _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK)
+    row = layer_out_ptr + token * HIDDEN
+    # The parked row was written by other threads (or programs) of this token: read from L2, past
+    # this SM's L1.
+    if LOADS_FIRST:
+        parked = ()
+        gammas = ()
+        for chunk in tl.static_range(CHUNKS):
+            h = chunk * CHUNK + tl.arange(0, CHUNK)
+            parked = parked + (tl.load(row + h, mask=h < HIDDEN, other=0, cache_modifier=".cg"),)
+            gammas = gammas + (tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0),)
+        for chunk in tl.static_range(CHUNKS):
+            h = chunk * CHUNK + tl.arange(0, CHUNK)
+            _normalize_chunk(parked[chunk], gammas[chunk], inv_rms, token, num_tokens, chunk, h, h < HIDDEN,
+                             layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
+    else:
+        for chunk in range(CHUNKS):
+            h = chunk * CHUNK + tl.arange(0, CHUNK)
+            in_row = h < HIDDEN
+            _normalize_chunk(tl.load(row + h, mask=in_row, other=0, cache_modifier=".cg"),
+                             tl.load(gamma_ptr + h, mask=in_row, other=0), inv_rms, token, num_tokens, chunk, h,
+                             in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
@@ -258,7 +281,7 @@ def consumer_kernel(
         if SPLIT == 1:
             tl.debug_barrier()  # the parked row, written by every thread, is read by every thread
             _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                           HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT)
+                           HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, False, ON_GPU)
         else:
             mine = (root_index >= part * PER) & (root_index < part * PER + PER)
             tl.store(roots_ptr + token * CHUNKS + root_index, roots, mask=mine)
@@ -270,7 +293,7 @@ def consumer_kernel(
                 roots = tl.load(roots_ptr + token * CHUNKS + root_index, mask=root_index < CHUNKS, other=0.0,
                                 cache_modifier=".cg")
                 _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT)
+                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, True, ON_GPU)
     if (PUBLISH != NO_PUBLISH) & (not LOCAL):
         if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)

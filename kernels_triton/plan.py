@@ -50,6 +50,12 @@ def row_warps(chunk: int) -> int:
     return chunk // 256
 
 
+# The streaming consumers' register cap: 64 x 128 threads lets 8 programs share an SM (4 warps each),
+# twice the bytes in flight of the compiler's own choice (72-127), with no spill at H = 4096-7168
+# (ptxas -v). The latency forms run a wave or less and keep the compiler's choice.
+STREAMING_MAX_REGISTERS = 64
+
+
 @dataclass(frozen=True)
 class KernelInstance:
     name: str            # file-name friendly: kernel, protocol and variant
@@ -57,6 +63,16 @@ class KernelInstance:
     constexprs: dict
     signature: dict      # runtime arguments, in order
     num_warps: int
+    max_registers: int | None = None  # per thread (ptxas's maxnreg); None: the compiler's choice
+
+    @property
+    def options(self) -> dict:
+        """Compile options besides the constexprs (every kernel: no fp fusion, the contract's FMAs
+        are explicit)."""
+        options = dict(num_warps=self.num_warps, enable_fp_fusion=False)
+        if self.max_registers is not None:
+            options["maxnreg"] = self.max_registers
+        return options
 
 
 def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstance]:
@@ -92,5 +108,6 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                         common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
                         CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, REDUCED=bt,
                         VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
-                        PHASES=BOTH_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps)
+                        PHASES=BOTH_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
+                        STREAMING_MAX_REGISTERS if split == 1 else None)
     return plan

@@ -66,6 +66,16 @@ def global_timer_ns(ON_GPU: tl.constexpr):
 
 
 @triton.jit
+def e4m3_rn(v):
+    """float8_e4m3fn bits (int32 0..255) of fp32 values within +-448: ``cvt.rn.satfinite.e4m3x2``,
+    as FlashInfer converts (the pair's other half is a zero). GPU only: ``numerics.f32_to_e4m3``
+    holds the interpreter's integer twin."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 pair; cvt.rn.satfinite.e4m3x2.f32 pair, 0f00000000, $1; cvt.u32.u16 $0, pair; }",
+        "=r,r", args=[v.to(tl.int32, bitcast=True)], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def fence_acq_rel_gpu(ON_GPU: tl.constexpr):
     """``fence.acq_rel.gpu``: this thread's earlier stores are ordered before its later ones at GPU
     scope (the interpreter runs programs one after another: nothing to order)."""

@@ -141,3 +141,14 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
     assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if chunks > 1 else set())
     if tp == 1:
         assert names == {"local_plain", "local_finalize_plain", "local_plain_split", "local_finalize_plain_split"}
+
+
+def test_quant_converts_with_flashinfers_instruction_and_streaming_consumers_cap_registers(build):
+    _, ptx = build
+    for name, text in ptx.items():
+        if name.endswith("_quant") or name.endswith("_quant_split"):
+            assert "cvt.rn.satfinite.e4m3x2.f32" in text, name
+        else:
+            assert "e4m3" not in text, name
+        streaming = name.startswith(("consumer", "one_kernel", "local")) and not name.endswith("_split")
+        assert (".maxnreg 64" in text) == streaming, name
