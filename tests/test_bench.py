@@ -30,8 +30,8 @@ def test_floor_is_the_slower_of_nvlink_and_hbm():
 
 
 def test_summary_lists_the_fastest_fused_path(tmp_path):
-    rows = [dict(tp=2, hidden=5120, variant="plain", m=16, path=p, us_median=us, us_min=us, us_max=us,
-                 floor_us=2.0, ratio_to_floor=us / 2.0, speedup_vs_unfused=None)
+    rows = [dict(tp=2, hc=4, hidden=5120, variant="plain", m=16, path=p, us_median=us, us_min=us, us_max=us,
+                 floor_us=2.0, ratio_to_floor=us / 2.0, speedup_vs_unfused=None, speedup_vs_best=None)
             for p, us in (("triton-ll", 11.0), ("triton-bt", 14.0), ("unfused-nccl", 60.0), ("auto", 10.5))]
     path = tmp_path / "h200_tp2.md"
     write_summary(rows, [{"hidden": 5120, "text": "a note"}], path, "h200", 2, Ceilings(700.0, 4000.0), SimpleNamespace(calls=50, replays=5), [])
@@ -63,8 +63,8 @@ def test_merge_replaces_only_what_the_new_run_measured(tmp_path):
     assert [(r["hidden"], r["m"], r["path"]) for r in rows] == [
         (h, m, p) for h in (4096, 5120) for m in (1, 16)
         for p in (("triton-ll", "unfused-nccl") if h == 4096 else ("triton-bt", "triton-ll", "unfused-nccl"))]
-    assert rows[0] == dict(tp=2, hidden=4096, variant="plain", m=1, path="triton-ll", us_median=10.0, us_min=9.5,
-                           us_max=10.5, floor_us=2.0, ratio_to_floor=5.0, speedup_vs_unfused=1.0)
+    assert rows[0] == dict(tp=2, hc=4, hidden=4096, variant="plain", m=1, path="triton-ll", us_median=10.0, us_min=9.5,
+                           us_max=10.5, floor_us=2.0, ratio_to_floor=5.0, speedup_vs_unfused=1.0, speedup_vs_best=1.0)
     assert rows[1]["floor_us"] is None and rows[1]["ratio_to_floor"] is None
     new = {r["path"]: r for r in rows if r["hidden"] == 5120 and r["m"] == 1}
     assert new["triton-ll"]["us_median"] == new["triton-bt"]["us_median"] == 40.0

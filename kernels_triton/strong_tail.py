@@ -1,0 +1,119 @@
+"""The benchmark's strong unfused baselines (no bit contract): the mHC tail and the MoE finalize as
+an inference engine writes them, bandwidth-bound, fp32 math, 16-byte accesses.
+
+``strong_tail_kernel``: one program per token. Pass 1 walks the row in CHUNK-wide pieces (unrolled,
+so the loads of every piece can be in flight at once): post-mix of the hc streams, collapse with
+pre, the bf16 prenorm parked in the layer-input buffer and its squares summed. Pass 2 re-reads the
+prenorm the same program just wrote (from L2), applies RMSNorm and, with QUANT, writes the MXFP8
+copy by FlashInfer's rules (UE8M0 scale from amax * fp32(1/448), swizzled 128x4 scale layout,
+values clamped to +-448 and converted by the hardware). With QUANT the grid also covers the padded
+rows up to a multiple of 128, whose scale bytes are zeroed.
+
+``moe_finalize_kernel``: one program per (token, CHUNK of the row): the top-k weighted sum of the
+permuted GEMM2 rows (index -1: the route is not held here, its row is not read) plus the shared
+expert's output, rounded once to bf16.
+"""
+
+import triton
+import triton.language as tl
+
+INV_E4M3_MAX = tl.constexpr(1.0 / 448.0)  # rounded to fp32 where it meets an fp32 operand: 0x3B124925
+
+
+@triton.jit
+def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, weight_ptr,
+                       residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
+                       HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
+                       SCALE_COLS_P2: tl.constexpr, INTERPRETED: tl.constexpr = False):
+    row = tl.program_id(0)
+    if row < m:
+        row64 = row.to(tl.int64)
+        streams = tl.arange(0, HC)
+        post = tl.load(post_ptr + row64 * HC + streams)
+        pre = tl.load(pre_ptr + row64 * HC + streams)
+        squares = tl.zeros([CHUNK], tl.float32)
+        for c in tl.static_range(HIDDEN // CHUNK):
+            h = c * CHUNK + tl.arange(0, CHUNK)
+            x = tl.load(reduced_ptr + row64 * HIDDEN + h).to(tl.float32)
+            mixed = post[:, None] * x[None, :]
+            for s in tl.static_range(HC):  # source stream s feeds every target with comb[s, :]
+                source = tl.load(residual_ptr + (row64 * HC + s) * HIDDEN + h).to(tl.float32)
+                weights = tl.load(comb_ptr + (row64 * HC + s) * HC + streams)
+                mixed += weights[:, None] * source[None, :]
+            out = mixed.to(tl.bfloat16)
+            tl.store(residual_out_ptr + (row64 * HC + streams[:, None]) * HIDDEN + h[None, :], out)
+            prenorm = tl.sum(out.to(tl.float32) * pre[:, None], axis=0).to(tl.bfloat16)
+            tl.store(layer_ptr + row64 * HIDDEN + h, prenorm)
+            p = prenorm.to(tl.float32)
+            squares += p * p
+        inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
+        # Pass 2 reads what other threads of this program stored in pass 1.
+        tl.debug_barrier()
+        BLOCKS: tl.constexpr = CHUNK // 32
+        for c in tl.static_range(HIDDEN // CHUNK):
+            h = c * CHUNK + tl.arange(0, BLOCKS)[:, None] * 32 + tl.arange(0, 32)[None, :]
+            p = tl.load(layer_ptr + row64 * HIDDEN + h).to(tl.float32)
+            gamma = tl.load(weight_ptr + h).to(tl.float32)
+            y = (p * inv * gamma).to(tl.bfloat16)
+            tl.store(layer_ptr + row64 * HIDDEN + h, y)
+            if QUANT:
+                yf = y.to(tl.float32)
+                scale = tl.max(tl.abs(yf), axis=1) * INV_E4M3_MAX
+                bits = scale.to(tl.int32, bitcast=True)
+                exponent = (bits >> 23) & 0xFF
+                mantissa = bits & 0x7FFFFF
+                bump = (mantissa != 0) & ((exponent != 0) | (mantissa > 0x400000))
+                u = tl.minimum(exponent + bump.to(tl.int32), 254)
+                u = tl.where(scale > 0, u, 0)
+                inverse = ((254 - u) << 23).to(tl.float32, bitcast=True)
+                inverse = tl.where(u == 0, 0.0, inverse)
+                q = tl.minimum(tl.maximum(yf * inverse[:, None], -448.0), 448.0)
+                if INTERPRETED:  # values_ptr is uint8 here: the interpreter's fp8 cast loses exponent carries
+                    tl.store(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8))
+                else:
+                    tl.store(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv))
+                col = c * BLOCKS + tl.arange(0, BLOCKS)
+                tl.store(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8))
+    else:
+        if QUANT:  # a padded row of the 128-row scale tile: its scale bytes are 0
+            col = tl.arange(0, SCALE_COLS_P2)
+            tl.store(scales_ptr + _scale_offset(row.to(tl.int64), col, HIDDEN // 32),
+                     tl.zeros([SCALE_COLS_P2], tl.uint8), mask=col < HIDDEN // 32)
+
+
+@triton.jit
+def _scale_offset(row, col, cols):
+    """Byte of (row, scale column) in the swizzled 128x4 layout (``lamport_mhc.mxfp8.scale_offset``);
+    ``cols`` is a multiple of 4 (hidden a multiple of 128)."""
+    return ((col % 4) + (col // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4
+            + (row // 128) * (128 * cols))
+
+
+@triton.jit
+def _e4m3_bits(q):
+    """What ``cvt.rn.satfinite.e4m3x2.f32`` gives for |q| <= 448, in integers (the interpreter's
+    twin of the hardware conversion): RNE to 3 mantissa bits, subnormals below 2^-6."""
+    bits = q.to(tl.int32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    normal = ((magnitude + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20) - ((127 - 7) << 3)
+    scaled = tl.abs(q) * 512.0
+    subnormal = ((scaled + 8388608.0) - 8388608.0).to(tl.int32)  # RNE to an integer
+    code = tl.where(tl.abs(q) < 0.015625, subnormal, normal)
+    return code | (((bits >> 31) & 1) << 7)
+
+
+@triton.jit
+def moe_finalize_kernel(gemm2_ptr, weights_ptr, index_ptr, shared_ptr, out_ptr,
+                        HIDDEN: tl.constexpr, TOP_K: tl.constexpr, CHUNK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], tl.float32)
+    for k in tl.static_range(TOP_K):
+        permuted = tl.load(index_ptr + token * TOP_K + k)
+        weight = tl.load(weights_ptr + token * TOP_K + k)
+        held = permuted >= 0
+        values = tl.load(gemm2_ptr + tl.maximum(permuted, 0).to(tl.int64) * HIDDEN + h, mask=held & (h < HIDDEN),
+                         other=0.0)
+        acc += values.to(tl.float32) * weight
+    acc += tl.load(shared_ptr + token * HIDDEN + h).to(tl.float32)
+    tl.store(out_ptr + token * HIDDEN + h, acc.to(tl.bfloat16))
