@@ -28,33 +28,47 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
     row = tl.program_id(0)
     if row < m:
         row64 = row.to(tl.int64)
-        streams = tl.arange(0, HC)
-        post = tl.load(post_ptr + row64 * HC + streams)
-        pre = tl.load(pre_ptr + row64 * HC + streams)
         squares = tl.zeros([CHUNK], tl.float32)
+        # Every tensor of pass 1 is one [CHUNK] row piece in one layout: no shuffles through shared
+        # memory between the loads, the mix and the stores.
         for c in tl.static_range(HIDDEN // CHUNK):
             h = c * CHUNK + tl.arange(0, CHUNK)
             x = tl.load(reduced_ptr + row64 * HIDDEN + h).to(tl.float32)
-            mixed = post[:, None] * x[None, :]
-            for s in tl.static_range(HC):  # source stream s feeds every target with comb[s, :]
-                source = tl.load(residual_ptr + (row64 * HC + s) * HIDDEN + h).to(tl.float32)
-                weights = tl.load(comb_ptr + (row64 * HC + s) * HC + streams)
-                mixed += weights[:, None] * source[None, :]
-            out = mixed.to(tl.bfloat16)
-            tl.store(residual_out_ptr + (row64 * HC + streams[:, None]) * HIDDEN + h[None, :], out)
-            prenorm = tl.sum(out.to(tl.float32) * pre[:, None], axis=0).to(tl.bfloat16)
+            streams = residual_ptr + row64 * HC * HIDDEN + h
+            s0 = tl.load(streams).to(tl.float32)
+            s1 = s0
+            s2 = s0
+            s3 = s0
+            if HC > 1:
+                s1 = tl.load(streams + HIDDEN).to(tl.float32)
+            if HC > 2:
+                s2 = tl.load(streams + 2 * HIDDEN).to(tl.float32)
+                s3 = tl.load(streams + 3 * HIDDEN).to(tl.float32)
+            prenorm = tl.zeros([CHUNK], tl.float32)
+            for j in tl.static_range(HC):  # target stream j: comb[s, j] weighs source stream s
+                mixed = x * tl.load(post_ptr + row64 * HC + j)
+                weights = comb_ptr + row64 * HC * HC + j
+                mixed += s0 * tl.load(weights)
+                if HC > 1:
+                    mixed += s1 * tl.load(weights + HC)
+                if HC > 2:
+                    mixed += s2 * tl.load(weights + 2 * HC)
+                    mixed += s3 * tl.load(weights + 3 * HC)
+                out = mixed.to(tl.bfloat16)
+                tl.store(residual_out_ptr + (row64 * HC + j) * HIDDEN + h, out)
+                prenorm += out.to(tl.float32) * tl.load(pre_ptr + row64 * HC + j)
+            prenorm = prenorm.to(tl.bfloat16)
             tl.store(layer_ptr + row64 * HIDDEN + h, prenorm)
             p = prenorm.to(tl.float32)
             squares += p * p
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
         # Pass 2 reads what other threads of this program stored in pass 1.
         tl.debug_barrier()
-        BLOCKS: tl.constexpr = CHUNK // 32
         for c in tl.static_range(HIDDEN // CHUNK):
-            h = c * CHUNK + tl.arange(0, BLOCKS)[:, None] * 32 + tl.arange(0, 32)[None, :]
-            p = tl.load(layer_ptr + row64 * HIDDEN + h).to(tl.float32)
+            h = c * CHUNK + tl.arange(0, CHUNK // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
+            parked = tl.load(layer_ptr + row64 * HIDDEN + h).to(tl.float32)
             gamma = tl.load(weight_ptr + h).to(tl.float32)
-            y = (p * inv * gamma).to(tl.bfloat16)
+            y = (parked * inv * gamma).to(tl.bfloat16)
             tl.store(layer_ptr + row64 * HIDDEN + h, y)
             if QUANT:
                 yf = y.to(tl.float32)
@@ -72,13 +86,13 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                     tl.store(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8))
                 else:
                     tl.store(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv))
-                col = c * BLOCKS + tl.arange(0, BLOCKS)
+                col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
                 tl.store(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8))
     else:
         if QUANT:  # a padded row of the 128-row scale tile: its scale bytes are 0
-            col = tl.arange(0, SCALE_COLS_P2)
-            tl.store(scales_ptr + _scale_offset(row.to(tl.int64), col, HIDDEN // 32),
-                     tl.zeros([SCALE_COLS_P2], tl.uint8), mask=col < HIDDEN // 32)
+            padded = tl.arange(0, SCALE_COLS_P2)
+            tl.store(scales_ptr + _scale_offset(row.to(tl.int64), padded, HIDDEN // 32),
+                     tl.zeros([SCALE_COLS_P2], tl.uint8), mask=padded < HIDDEN // 32)
 
 
 @triton.jit
@@ -111,9 +125,9 @@ def moe_finalize_kernel(gemm2_ptr, weights_ptr, index_ptr, shared_ptr, out_ptr,
     for k in tl.static_range(TOP_K):
         permuted = tl.load(index_ptr + token * TOP_K + k)
         weight = tl.load(weights_ptr + token * TOP_K + k)
-        held = permuted >= 0
+        held = permuted >= 0  # a route held elsewhere: nothing read, its weight ignored (even NaN)
         values = tl.load(gemm2_ptr + tl.maximum(permuted, 0).to(tl.int64) * HIDDEN + h, mask=held & (h < HIDDEN),
                          other=0.0)
-        acc += values.to(tl.float32) * weight
+        acc += values.to(tl.float32) * tl.where(held, weight, 0.0)
     acc += tl.load(shared_ptr + token * HIDDEN + h).to(tl.float32)
     tl.store(out_ptr + token * HIDDEN + h, acc.to(tl.bfloat16))

@@ -29,9 +29,9 @@ class StrongTail:
     """post-mix, collapse, RMSNorm (and with ``quantize`` the MXFP8 copy) of ``hidden``-wide rows
     with ``hc`` streams, one program per token."""
 
-    def __init__(self, hidden: int, hc: int, quantize: bool = False, interpret: bool = False, num_warps: int = 8):
-        if hc < 1 or hc & (hc - 1):
-            raise ValueError(f"the strong tail needs a power-of-two hc, got {hc}")
+    def __init__(self, hidden: int, hc: int, quantize: bool = False, interpret: bool = False, num_warps: int = 4):
+        if hc not in (1, 2, 4):
+            raise ValueError(f"the strong tail is written for hc in 1, 2, 4, got {hc}")
         if hidden % (128 if quantize else 32):
             raise ValueError(f"hidden must be a multiple of {128 if quantize else 32}"
                              f"{' (whole MXFP8 scale tiles)' if quantize else ''}, got {hidden}")
