@@ -78,10 +78,11 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                 mantissa = bits & 0x7FFFFF
                 bump = (mantissa != 0) & ((exponent != 0) | (mantissa > 0x400000))
                 u = tl.minimum(exponent + bump.to(tl.int32), 254)
-                u = tl.where(scale > 0, u, 0)
+                u = tl.where(scale <= 0, 0, u)  # a NaN amax (an all-NaN block) keeps 254
                 inverse = ((254 - u) << 23).to(tl.float32, bitcast=True)
                 inverse = tl.where(u == 0, 0.0, inverse)
-                q = tl.minimum(tl.maximum(yf * inverse[:, None], -448.0), 448.0)
+                q = yf * inverse[:, None]
+                q = tl.minimum(tl.maximum(tl.where(q != q, 448.0, q), -448.0), 448.0)  # NaN -> 448, as min.f32 does
                 if INTERPRETED:  # values_ptr is uint8 here: the interpreter's fp8 cast loses exponent carries
                     tl.store(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8))
                 else:
