@@ -70,9 +70,9 @@ def main(argv=None) -> int:
     ceilings = measure_ceilings(group, device)
     peer = "none (a group of one)" if ceilings.peer_gbps is None else f"{ceilings.peer_gbps:.0f} GB/s"
     sweep.log(f"ceilings: peer {peer}, device copy {ceilings.hbm_gbps:.0f} GB/s")
+    gpu = torch.cuda.get_device_name(device).replace("NVIDIA ", "").replace(" ", "-").lower()
     for hidden in args.hidden:
         sweep.run_hidden(hidden, ceilings)
-    gpu = torch.cuda.get_device_name(device).replace("NVIDIA ", "").replace(" ", "-").lower()
-    sweep.finish(Path(args.out), gpu, ceilings)
+        sweep.finish(Path(args.out), gpu, ceilings)  # after every hidden size: a run cut short keeps its results
     dist.destroy_process_group()
     return 0

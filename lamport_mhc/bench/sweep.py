@@ -11,6 +11,7 @@ from ..testing import random_inputs
 from .allreduce_peers import NcclAllReduce, OneShotAllReduce, SymmetricStage, TwoShotAllReduce
 from .collective import Collective, agree, attempt
 from .flashinfer_peers import FlashInferPeers
+from .floors import PROTOCOLS as FLOOR_PROTOCOLS
 from .floors import Ceilings, floor_us, tail_bytes
 from .lamport_floor import FLOOR_MAX_ROWS, LamportFloor
 from .names import ALLREDUCE_ALONE, FLASHINFER_FUSED, LAMPORT_FLOOR, STRONG_TAIL
@@ -181,7 +182,13 @@ class Sweep:
             if self.tp == 1:
                 self.skip(hidden, "plain", LAMPORT_FLOOR, "a group of one has no all-reduce to bound")
             else:
-                floor = LamportFloor(self.group, self.device, min(capacity, FLOOR_MAX_ROWS), hidden)
+                holder: dict = {}
+                failed = agree(self.coll, attempt(lambda: holder.update(floor=LamportFloor(
+                    self.group, self.device, min(capacity, FLOOR_MAX_ROWS), hidden))))
+                if failed is None:
+                    floor = holder["floor"]
+                else:
+                    self.note(hidden, f"build {LAMPORT_FLOOR} H={hidden}: {failed}")
         chosen: dict[int, str] = {}
         try:
             for m in self.rows_m:
@@ -231,9 +238,9 @@ class Sweep:
             protocol = "local" if self.tp == 1 else op.protocol(shape.m, shape.variant == "finalize")
             samples = self.guarded(shape.hidden, f"{path} {shape.variant} H={shape.hidden} M={shape.m}",
                                    lambda c=call: time_graph(c, self.args.calls, self.args.replays))
-            if samples:
+            if samples:  # auto on the unfused torch path ("gather") has no fused floor
                 self.record(shape.hidden, shape.variant, shape.m, path, samples,
-                            shape.floor(protocol, ceilings))
+                            shape.floor(protocol, ceilings) if protocol in FLOOR_PROTOCOLS else None)
 
     def _strong_rows(self, shape, tail: StrongTail, finalize: StrongFinalize, peers: dict,
                      allreduce_us: dict, ceilings: Ceilings, chosen: dict) -> None:
