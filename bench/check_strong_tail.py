@@ -78,9 +78,11 @@ def main() -> int:
                 x = torch.randn(m, hidden, device=device, generator=g).bfloat16()
                 residual = torch.randn(m, HC, hidden, device=device, generator=g).bfloat16()
                 post = torch.rand(m, HC, device=device, generator=g) * 2
-                comb, pre = torch.rand(m, HC, HC, device=device, generator=g), torch.rand(m, HC, device=device, generator=g)
+                comb = torch.rand(m, HC, HC, device=device, generator=g)
+                pre = torch.rand(m, HC, device=device, generator=g)
                 weight = torch.randn(hidden, device=device, generator=g).bfloat16()
-                residual_out, layer_input, contribution = torch.empty_like(residual), torch.empty_like(x), torch.empty_like(x)
+                residual_out = torch.empty_like(residual)
+                layer_input, contribution = torch.empty_like(x), torch.empty_like(x)
                 mxfp8 = None
                 if variant == "quant":
                     mxfp8 = (torch.empty(m, hidden, dtype=torch.float8_e4m3fn, device=device),

@@ -18,7 +18,8 @@ def _inputs(m, hc, seed):
     g = torch.Generator().manual_seed(seed)
     reduced = torch.randn(m, H, generator=g).bfloat16()
     residual = torch.randn(m, hc, H, generator=g).bfloat16()
-    post, comb, pre = torch.rand(m, hc, generator=g) * 2, torch.rand(m, hc, hc, generator=g), torch.rand(m, hc, generator=g)
+    post, comb = torch.rand(m, hc, generator=g) * 2, torch.rand(m, hc, hc, generator=g)
+    pre = torch.rand(m, hc, generator=g)
     weight = torch.randn(H, generator=g).bfloat16()
     reduced[1], residual[1] = 0.0, 0.0  # an all-zero row
     reduced[2, 7] = float("nan")         # a row with a NaN

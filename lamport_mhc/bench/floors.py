@@ -7,8 +7,8 @@ import statistics
 from dataclasses import dataclass
 
 from ..mxfp8 import mxfp8_scale_bytes
+from .names import HC
 
-HC = 4
 PROTOCOLS = ("ll", "bt", "local")
 
 

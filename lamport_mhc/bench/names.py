@@ -26,6 +26,3 @@ def whole_op_alternatives(hc: int) -> tuple[str, ...]:
     """The paths whose fastest row is a fused row's ``speedup_vs_best`` baseline."""
     return UNFUSED + (FLASHINFER_FUSED if hc == 1 else ())
 
-
-def is_fused(path: str) -> bool:
-    return path in FUSED
