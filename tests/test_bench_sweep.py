@@ -60,6 +60,7 @@ def test_sweep_on_one_rank(tmp_path):
     notes = json.loads((tmp_path / "cpu_tp1_notes.json").read_text())
     texts = [n["text"] for n in notes]
     assert "unfused-best at H=256: no all-reduce (a group of one), the strong kernels alone" in texts
+    assert "strong tail form quant H=256: row at M=1-3" in texts  # both forms timed, the faster kept
     assert any(t.startswith("build triton-local H=256: RuntimeError") for t in texts)  # no CUDA device here
     skipped = {n["skipped"]["path"]: n["skipped"]["reason"] for n in notes if "skipped" in n}
     assert "refuses a group of 1" in skipped["flashinfer_all_reduce"]

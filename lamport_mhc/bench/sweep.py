@@ -16,7 +16,7 @@ from .floors import Ceilings, floor_us, tail_bytes
 from .lamport_floor import FLOOR_MAX_ROWS, LamportFloor
 from .names import ALLREDUCE_ALONE, FLASHINFER_FUSED, LAMPORT_FLOOR, STRONG_TAIL
 from .report import TAIL_BAR_FROM_M, skip_note, write_results
-from .strong_tail import StrongFinalize, StrongTail
+from .strong_tail import STRATEGIES, StrongFinalize, StrongTail
 from .timing import time_graph
 
 EPS = 1e-6
@@ -175,7 +175,8 @@ class Sweep:
         fused = self._fused_ops(hidden, capacity)
         peers = self._allreduce_peers(hidden, capacity)
         fusion = self._fusion_peers(hidden, capacity)
-        tails = {variant: StrongTail(hidden, self.hc, quantize=variant == "quant") for variant in self.args.variants}
+        tails = {variant: {strategy: StrongTail(hidden, self.hc, quantize=variant == "quant", strategy=strategy)
+                           for strategy in STRATEGIES} for variant in self.args.variants}
         finalize = StrongFinalize(hidden, self.args.top_k)
         floor = None
         if self.wanted(LAMPORT_FLOOR):
@@ -189,14 +190,15 @@ class Sweep:
                     floor = holder["floor"]
                 else:
                     self.note(hidden, f"build {LAMPORT_FLOOR} H={hidden}: {failed}")
-        chosen: dict[int, str] = {}
+        chosen: dict[int, str] = {}  # M -> the all-reduce of unfused-best
+        kernels: dict[tuple, str] = {}  # (variant, M) -> the strong tail's form
         try:
             for m in self.rows_m:
                 allreduce_us = self._time_allreduces(hidden, m, peers)
                 for variant in self.args.variants:
                     shape = _Shape(self, hidden, variant, m)
                     self._fused_rows(shape, fused, ceilings)
-                    self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings, chosen)
+                    self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings, chosen, kernels)
                     self._torch_tail_rows(shape, peers)
                     self._fusion_rows(shape, fusion, ceilings)
                     if variant == "plain" and floor is not None and m <= FLOOR_MAX_ROWS:
@@ -211,7 +213,7 @@ class Sweep:
                 error = attempt(peer.close)
                 if error:
                     self.note(hidden, f"closing {peer.name} H={hidden}: {error}")
-        self._summary_notes(hidden, ceilings, chosen)
+        self._summary_notes(hidden, ceilings, chosen, kernels)
 
     def _time_allreduces(self, hidden: int, m: int, peers: dict) -> dict[str, float]:
         """Each all-reduce alone at M rows (recorded under plain); their medians for unfused-best."""
@@ -242,9 +244,10 @@ class Sweep:
                 self.record(shape.hidden, shape.variant, shape.m, path, samples,
                             shape.floor(protocol, ceilings) if protocol in FLOOR_PROTOCOLS else None)
 
-    def _strong_rows(self, shape, tail: StrongTail, finalize: StrongFinalize, peers: dict,
-                     allreduce_us: dict, ceilings: Ceilings, chosen: dict) -> None:
-        """strong-tail (the local kernels alone) and unfused-best (the fastest all-reduce between them)."""
+    def _strong_rows(self, shape, tails: dict, finalize: StrongFinalize, peers: dict,
+                     allreduce_us: dict, ceilings: Ceilings, chosen: dict, kernels: dict) -> None:
+        """strong-tail (the local kernels alone, in whichever of the tail's forms is faster at this M, as
+        an engine picks by M) and unfused-best (the fastest all-reduce between them)."""
         residual_out = torch.empty_like(shape.inputs["residual"])
         layer_input = torch.empty_like(shape.x)
         contribution = torch.empty_like(shape.x)
@@ -254,14 +257,23 @@ class Sweep:
                 return finalize(*shape.finalize_inputs, contribution)
             return shape.x
 
-        def tail_of(reduced):
+        def tail_of(reduced, tail):
             tail(reduced, *shape.consumer, residual_out, layer_input, shape.mxfp8)
 
         hidden, variant, m = shape.hidden, shape.variant, shape.m
-        tail_samples = None
-        if self.wanted(STRONG_TAIL) or (self.wanted("unfused-best") and self.tp == 1):
-            tail_samples = self.guarded(hidden, f"{STRONG_TAIL} {variant} H={hidden} M={m}", lambda: time_graph(
-                lambda: tail_of(local()), self.args.calls, self.args.replays))
+        if not (self.wanted(STRONG_TAIL) or self.wanted("unfused-best")):
+            return
+        timings = {}
+        for strategy, tail in tails.items():
+            samples = self.guarded(hidden, f"{STRONG_TAIL} ({strategy}) {variant} H={hidden} M={m}",
+                                   lambda t=tail: time_graph(lambda: tail_of(local(), t), self.args.calls,
+                                                             self.args.replays))
+            if samples:
+                timings[strategy] = samples
+        if not timings:
+            return
+        form = min(timings, key=lambda k: statistics.median(timings[k]))
+        kernels[(variant, m)], tail_samples = form, timings[form]
         if tail_samples and self.wanted(STRONG_TAIL):
             held = int((shape.inputs["idxs"][self.rank] >= 0).sum()) if variant == "finalize" else 0
             nbytes = tail_bytes(variant, m, hidden, self.hc, held, self.args.top_k)
@@ -279,8 +291,8 @@ class Sweep:
         best = min(allreduce_us, key=allreduce_us.get)
         chosen[m] = best
         peer = peers[best]
-        samples = self.timed_peer(hidden, variant, m, "unfused-best", lambda: tail_of(peer(local())),
-                                  peer.after_capture)
+        samples = self.timed_peer(hidden, variant, m, "unfused-best",
+                                  lambda: tail_of(peer(local()), tails[form]), peer.after_capture)
         if samples:
             self.record(hidden, variant, m, "unfused-best", samples)
 
@@ -333,29 +345,33 @@ class Sweep:
                             shape.floor("ll" if path.endswith("oneshot") else "bt", ceilings))
 
     # -- notes -----------------------------------------------------------------------------------
-    def _summary_notes(self, hidden: int, ceilings: Ceilings, chosen: dict) -> None:
+    def _summary_notes(self, hidden: int, ceilings: Ceilings, chosen: dict, kernels: dict) -> None:
         if chosen:
             if set(chosen.values()) == {"none"}:
                 self.note(hidden, f"unfused-best at H={hidden}: no all-reduce (a group of one), the strong "
                                   f"kernels alone")
             else:
-                runs: list[list] = []
-                for m in self.rows_m:
-                    if m not in chosen:
-                        continue
-                    if runs and runs[-1][2] == chosen[m]:
-                        runs[-1][1] = m
-                    else:
-                        runs.append([m, m, chosen[m]])
-                self.note(hidden, f"unfused-best at H={hidden}: " + ", ".join(
-                    f"{name} at M={a}" + (f"-{b}" if b != a else "") for a, b, name in runs))
+                self.note(hidden, f"unfused-best at H={hidden}: {self._runs(chosen)}")
         tails = [r for r in self.rows if r["hidden"] == hidden and r["path"] == STRONG_TAIL
                  and r["m"] >= TAIL_BAR_FROM_M]
         for variant in self.args.variants:
+            forms = {m: form for (v, m), form in kernels.items() if v == variant}
+            if forms:
+                self.note(hidden, f"strong tail form {variant} H={hidden}: {self._runs(forms)}")
             fractions = [r["floor_us"] / r["us_median"] for r in tails if r["variant"] == variant]
             if fractions:
                 self.note(hidden, f"strong tail {variant} H={hidden}: {min(fractions):.0%}-{max(fractions):.0%} "
                                   f"of the device copy ({ceilings.hbm_gbps:.0f} GB/s) from M = {TAIL_BAR_FROM_M}")
+
+    def _runs(self, choices: dict) -> str:
+        """{M: name} as "a at M=1-64, b at M=100-8192" over the sweep's Ms in order."""
+        runs: list[list] = []
+        for m in (m for m in self.rows_m if m in choices):
+            if runs and runs[-1][2] == choices[m]:
+                runs[-1][1] = m
+            else:
+                runs.append([m, m, choices[m]])
+        return ", ".join(f"{name} at M={a}" + (f"-{b}" if b != a else "") for a, b, name in runs)
 
     def finish(self, out: Path, gpu: str, ceilings: Ceilings) -> None:
         skipped = [skip_note(hidden, self.hc, variant, path, reason, sorted(ms))
