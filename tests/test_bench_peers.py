@@ -197,6 +197,7 @@ def _cpu_sweep(tmp_path, tp=2):
     sweep.tp, sweep.rank, sweep.hc, sweep.rows_m = tp, 0, 4, [1, 2, 4]
     sweep.rows, sweep.notes, sweep.skips = [], [], {}
     sweep.flashinfer = FlashInferPeers(sweep.coll, log=sweep.log)
+    sweep.deadline, sweep.stopped = None, False
     return sweep
 
 

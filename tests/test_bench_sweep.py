@@ -13,7 +13,7 @@ from gpu.harness import run_ranks  # noqa: E402
 H = 256
 
 
-def _sweep_body(rank, tp, out, variants):
+def _sweep_body(rank, tp, out, variants, late=False):
     import torch
 
     from lamport_mhc.bench import Ceilings, sweep as sweep_module
@@ -43,6 +43,10 @@ def _sweep_body(rank, tp, out, variants):
     sweep.flashinfer.api_factory = no_flashinfer
     ceilings = Ceilings(None if tp == 1 else 100.0, 1000.0)
     sweep.run_hidden(H, ceilings)
+    if late:  # the time budget runs out: the next hidden size stops before its first M, the one after is skipped
+        sweep.deadline = 0.0
+        sweep.run_hidden(2 * H, ceilings)
+        sweep.run_hidden(4 * H, ceilings)
     sweep.finish(Path(out), "cpu", ceilings)
     return sorted({(r["variant"], r["path"]) for r in sweep.rows})
 
@@ -52,7 +56,7 @@ def _paths(rows, variant):
 
 
 def test_sweep_on_one_rank(tmp_path):
-    rows, = run_ranks(_sweep_body, 1, args=(str(tmp_path), ["plain", "finalize", "quant"]), backend="gloo",
+    rows, = run_ranks(_sweep_body, 1, args=(str(tmp_path), ["plain", "finalize", "quant"], True), backend="gloo",
                       timeout_s=300)
     # One GPU: no forced protocols, no mailbox floor, unfused-best is the strong kernels alone.
     assert _paths(rows, "plain") == {"auto", "strong-tail", "unfused-best", "unfused-nccl", "nccl_all_reduce"}
@@ -61,6 +65,8 @@ def test_sweep_on_one_rank(tmp_path):
     texts = [n["text"] for n in notes]
     assert "unfused-best at H=256: no all-reduce (a group of one), the strong kernels alone" in texts
     assert "strong tail form quant H=256: row at M=1-3" in texts  # both forms timed, the faster kept
+    assert "time budget H=512: stopped before M=1; not measured: 1, 3" in texts
+    assert "time budget H=1024: not measured, the budget ran out before it" in texts
     assert any(t.startswith("build triton-local H=256: RuntimeError") for t in texts)  # no CUDA device here
     skipped = {n["skipped"]["path"]: n["skipped"]["reason"] for n in notes if "skipped" in n}
     assert "refuses a group of 1" in skipped["flashinfer_all_reduce"]

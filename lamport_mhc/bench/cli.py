@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 from ..backend import FUSED_BACKENDS
@@ -37,6 +38,9 @@ def parse_args(argv=None):
     parser.add_argument("--merge", metavar="CSV", default=None,
                         help="an earlier run's CSV: its rows (and notes) that this run does not measure again "
                              "are kept")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="start no new M after this many seconds from launch; what was measured is written "
+                             "(a wall-clock limit around the run then never loses the results)")
     parser.add_argument("--flashinfer-cache", metavar="DIR", default=None,
                         help=f"where FlashInfer keeps its built JIT modules ({FLASHINFER_CACHE_ENV}): carry the "
                              "folder to the next run to skip the build")
@@ -49,6 +53,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
     if "RANK" not in os.environ:
         raise SystemExit("run one process per GPU: torchrun --nproc-per-node N -m lamport_mhc bench ...")
@@ -67,6 +72,8 @@ def main(argv=None) -> int:
     dist.init_process_group("nccl", device_id=device)
     group = dist.group.WORLD
     sweep = Sweep(args, group, device)
+    if args.time_budget is not None:
+        sweep.deadline = started + args.time_budget
     ceilings = measure_ceilings(group, device)
     peer = "none (a group of one)" if ceilings.peer_gbps is None else f"{ceilings.peer_gbps:.0f} GB/s"
     sweep.log(f"ceilings: peer {peer}, device copy {ceilings.hbm_gbps:.0f} GB/s")

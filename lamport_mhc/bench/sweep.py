@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -34,6 +35,8 @@ class Sweep:
         self.notes: list[dict] = []  # {"hidden": int | None, "text": str}
         self.skips: dict[tuple, set] = {}  # (hidden, variant, path, reason) -> the Ms (empty: every M)
         self.flashinfer = FlashInferPeers(self.coll, log=self.log)
+        self.deadline: float | None = None  # time.monotonic() after which no new M is started
+        self.stopped = False
         if args.compile_tail and (self.wanted("unfused-nccl") or self.wanted("unfused-one-shot")):
             from .torch_tail import mhc_tail, moe_finalize, mxfp8_tail
             self.torch_tail = torch.compile(mhc_tail, dynamic=True)
@@ -170,7 +173,15 @@ class Sweep:
         return peers
 
     # -- the sweep -------------------------------------------------------------------------------
+    def out_of_time(self) -> bool:
+        """Rank 0's clock against ``deadline`` (time.monotonic()), the same answer on every rank."""
+        late = self.deadline is not None and time.monotonic() > self.deadline
+        return bool(self.coll.all_gather_object(late)[0])
+
     def run_hidden(self, hidden: int, ceilings: Ceilings) -> None:
+        if self.stopped:
+            self.note(hidden, f"time budget H={hidden}: not measured, the budget ran out before it")
+            return
         capacity = self.rows_m[-1]
         fused = self._fused_ops(hidden, capacity)
         peers = self._allreduce_peers(hidden, capacity)
@@ -194,11 +205,19 @@ class Sweep:
         kernels: dict[tuple, str] = {}  # (variant, M) -> the strong tail's form
         try:
             for m in self.rows_m:
+                if self.out_of_time():  # stop cleanly, so what was measured is written
+                    self.stopped = True
+                    left = [n for n in self.rows_m if n >= m]
+                    self.note(hidden, f"time budget H={hidden}: stopped before M={m}; not measured: "
+                                      f"{', '.join(map(str, left))}")
+                    self.log(f"time budget spent: H={hidden} stops before M={m}")
+                    break
                 allreduce_us = self._time_allreduces(hidden, m, peers)
                 for variant in self.args.variants:
                     shape = _Shape(self, hidden, variant, m)
                     self._fused_rows(shape, fused, ceilings)
-                    self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings, chosen, kernels)
+                    self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings, chosen,
+                                      kernels)
                     self._torch_tail_rows(shape, peers)
                     self._fusion_rows(shape, fusion, ceilings)
                     if variant == "plain" and floor is not None and m <= FLOOR_MAX_ROWS:
