@@ -28,7 +28,7 @@ as skipped. Outputs under ``--out`` (default bench/results): ``<gpu>_tp<N>.csv``
 hidden, variant) when matplotlib is installed (``pip install 'lamport-mhc[bench]'``),
 ``<gpu>_tp<N>.md`` and the notes as ``<gpu>_tp<N>_notes.json``. ``--paths`` times a subset of the
 paths; ``--merge CSV`` extends an earlier run: its rows and notes are kept except those this run
-measured again.
+measured again; ``--time-budget SECONDS`` starts no new M after that long and writes what it has.
 """
 
 from .cli import DEFAULT_ROWS, main, parse_args
