@@ -55,7 +55,7 @@ class AllReduceMHC:
             self.device = device = torch.device("cuda", torch.cuda.current_device())
 
         capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        self.preset = presets.lookup(presets.gpu_family(capability), tp, hidden_size)
+        self.preset = presets.lookup(presets.gpu_family(capability), tp, hidden_size, self.config.presets_file)
         self.thresholds = Thresholds(self.config.bt_min_rows or self.preset.bt_min_rows,
                                      self.config.bt_min_finalize_rows or self.preset.bt_min_finalize_rows)
         self.spec = BuildSpec(

@@ -38,6 +38,9 @@ class AllReduceMHCConfig:
     Ranks may differ: both forms write the same mailbox slots and advance the same generation.
     check_index_range: validate finalize's expert indices against the GEMM2 rows before launching
     (reads them on the host: a device synchronization per call, not allowed in graph capture).
+    presets_file: a presets file (``python -m lamport_mhc presets CSV --write PATH``) whose rows
+    override the built-in presets; None: LAMPORT_MHC_PRESETS, else ~/.cache/lamport_mhc/presets.json
+    where it exists (``lamport_mhc.presets``).
     """
 
     backend: str = "auto"
@@ -50,6 +53,7 @@ class AllReduceMHCConfig:
     use_pdl: bool = True
     check_index_range: bool = False
     ll_one_kernel_max_rows: int | None = None
+    presets_file: str | os.PathLike | None = None
 
     def __post_init__(self):
         if self.backend not in BACKEND_CHOICES:
@@ -65,6 +69,8 @@ class AllReduceMHCConfig:
         rows = self.ll_one_kernel_max_rows
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
             raise ValueError(f"ll_one_kernel_max_rows must be an int >= 0 or None, got {rows!r}")
+        if self.presets_file is not None and not isinstance(self.presets_file, (str, os.PathLike)):
+            raise ValueError(f"presets_file must be a path or None, got {self.presets_file!r}")
         if self.spin_timeout_ms is not None and not (
                 isinstance(self.spin_timeout_ms, (int, float)) and math.isfinite(self.spin_timeout_ms)
                 and self.spin_timeout_ms > 0):
