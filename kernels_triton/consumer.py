@@ -38,7 +38,7 @@ from . import lamport, ptx
 
 from .publish import contribution_chunk
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
-                       pairwise_sum, scale_offset, ue8m0_scale)
+                       pairwise_sum, row_of, scale_offset, ue8m0_scale)
 
 PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -67,43 +67,30 @@ def _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, ge
 
 
 @triton.jit
-def _load_streams(residual_ptr, token, h, in_row, HIDDEN: tl.constexpr, HC: tl.constexpr):
-    """The token's hc residual streams at columns ``h``: a tuple of bf16-bit vectors, each in the
-    layout of the row's other vectors (no shuffle between the loads, the mix and the stores)."""
-    streams = ()
+def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
+               layer_out_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, BLOCK_HC: tl.constexpr,
+               CHUNK: tl.constexpr, VARIANT: tl.constexpr, ON_GPU: tl.constexpr):
+    """The first pass over one chunk: post-mix and store the streams; then (with the norm) collapse,
+    park the prenormalized chunk in ``layer_out`` and return the root of its squares' tree."""
+    # Post-mix, all targets at once: m[j] = reduced * post[j], then m[j] = fma(res[s], comb[s, j], m[j]).
+    mixed = bf16_to_f32(reduced)[None, :] * post[:, None]
     for source in tl.static_range(HC):
-        streams = streams + (tl.load(residual_ptr + (token * HC + source) * HIDDEN + h, mask=in_row, other=0),)
-    return streams
-
-
-@triton.jit
-def _mix_chunk(reduced, streams, post_ptr, comb_ptr, pre_ptr, token, h, in_row, residual_out_ptr, layer_out_ptr,
-               HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
-               ON_GPU: tl.constexpr):
-    """The first pass over one chunk: post-mix and store the streams, and (with the norm) collapse
-    them into the prenormalized chunk, which is parked in ``layer_out``; returns the root of the
-    chunk's squares' tree. Sources outer, targets inner: one source in fp32 at a time beside the hc
-    targets' sums. The per-token weights are scalars (one cached load each)."""
-    reduced = bf16_to_f32(reduced)
-    # m[j] = reduced * post[j], then m[j] = fma(res[s], comb[s, j], m[j]) over the sources in order.
-    mixed = ()
-    for target in tl.static_range(HC):
-        mixed = mixed + (reduced * tl.load(post_ptr + token * HC + target),)
-    for source in tl.static_range(HC):
-        stream = bf16_to_f32(streams[source])
-        summed = ()
-        for target in tl.static_range(HC):
-            summed = summed + (ptx.fma_rn(stream, tl.load(comb_ptr + (token * HC + source) * HC + target),
-                                          mixed[target], ON_GPU),)
-        mixed = summed
-    collapsed = tl.zeros([CHUNK], tl.float32)
-    for target in tl.static_range(HC):
-        out = f32_to_bf16(mixed[target])
-        tl.store(residual_out_ptr + (token * HC + target) * HIDDEN + h, out, mask=in_row)
-        if VARIANT != RESIDUAL_ONLY:  # the collapse, in target order
-            collapsed = ptx.fma_rn(bf16_to_f32(out), tl.load(pre_ptr + token * HC + target), collapsed, ON_GPU)
+        stream = bf16_to_f32(row_of(residual, streams, source).to(tl.int16))
+        comb = row_of(comb_bits, streams, source).to(tl.float32, bitcast=True)
+        mixed = ptx.fma_rn(tl.broadcast_to(stream[None, :], (BLOCK_HC, CHUNK)),
+                           tl.broadcast_to(comb[:, None], (BLOCK_HC, CHUNK)), mixed, ON_GPU)
+    residual_out = f32_to_bf16(mixed)
+    tile = (token * HC + streams[:, None]) * HIDDEN + h[None, :]
+    tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :])
     root = tl.zeros([], tl.float32)
     if VARIANT != RESIDUAL_ONLY:
+        # Collapse with the pre-mix, in target order.
+        collapsed = tl.zeros([CHUNK], tl.float32)
+        residual_out = residual_out.to(tl.int32)
+        for target in tl.static_range(HC):
+            weight = tl.sum(tl.where(streams == target, pre_bits, 0)).to(tl.float32, bitcast=True)
+            stream = bf16_to_f32(row_of(residual_out, streams, target).to(tl.int16))
+            collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
         prenorm_bits = f32_to_bf16(collapsed)
         tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
         prenorm = bf16_to_f32(prenorm_bits)
@@ -214,7 +201,7 @@ def consumer_kernel(
     peer_table_ptr,   # int64 [TP]: every rank's LL mailbox address           (PUBLISH, not LOCAL)
     multicast_address,  # int64: the LL mailbox's multicast address           (PUBLISH, MULTICAST)
     HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, TOP_K: tl.constexpr,
-    CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
+    BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
     SPLIT: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr,
     LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
@@ -223,19 +210,29 @@ def consumer_kernel(
     token = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     c = tl.arange(0, CHUNK)
+    streams = tl.arange(0, BLOCK_HC)
+    in_streams = streams < HC
+    tile_rows = (token * HC + streams[:, None]) * HIDDEN
 
     # A kernel that starts the call waits for the previous kernel before it reads anything. After a
     # publish kernel (which waited for it) the inputs may be read before this kernel's wait, so their
     # latencies overlap the wait for the peers.
     if (PUBLISH != NO_PUBLISH) | LOCAL:
         ptx.grid_dependency_wait(USE_PDL, ON_GPU)
+    post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
+    comb_bits = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
+                        mask=in_streams[:, None] & in_streams[None, :], other=0.0).to(tl.int32, bitcast=True)
+    pre_bits = tl.zeros([BLOCK_HC], tl.int32)
+    if VARIANT != RESIDUAL_ONLY:
+        pre_bits = tl.load(pre_ptr + token * HC + streams, mask=in_streams, other=0.0).to(tl.int32, bitcast=True)
     if LOCAL:
         generation = tl.zeros([], tl.int32)  # no mailbox, no generation
     elif PUBLISH != NO_PUBLISH:
         generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
     if (PUBLISH == NO_PUBLISH) & (PER == 1):  # the one chunk's streams, before the wait
         h0 = part * CHUNK + c
-        streams0 = _load_streams(residual_ptr, token, h0, h0 < HIDDEN, HIDDEN, HC)
+        residual0 = tl.load(residual_ptr + tile_rows + h0[None, :],
+                            mask=in_streams[:, None] & (h0 < HIDDEN)[None, :], other=0).to(tl.int32)
     if PUBLISH == NO_PUBLISH:
         ptx.grid_dependency_wait(USE_PDL, ON_GPU)
         generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
@@ -262,20 +259,19 @@ def consumer_kernel(
         chunk = part * PER + i
         h = chunk * CHUNK + c
         in_row = h < HIDDEN
+        if (PUBLISH == NO_PUBLISH) & (PER == 1):
+            residual = residual0
+        else:
+            residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
+                               other=0).to(tl.int32)
         if LOCAL:
             reduced = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
                                          HIDDEN, TOP_K, PUBLISH == PUBLISH_FINALIZE, ON_GPU)
         else:
             reduced = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation,
                                      capacity, TP, HIDDEN, REDUCED, ON_GPU)
-        # Streaming, the streams load after the wait for the peers (fewer registers held across the
-        # spin; other programs hide the latency); a token's one chunk loaded them up front.
-        if (PUBLISH == NO_PUBLISH) & (PER == 1):
-            streams = streams0
-        else:
-            streams = _load_streams(residual_ptr, token, h, in_row, HIDDEN, HC)
-        root = _mix_chunk(reduced, streams, post_ptr, comb_ptr, pre_ptr, token, h, in_row, residual_out_ptr,
-                          layer_out_ptr, HIDDEN, HC, CHUNK, VARIANT, ON_GPU)
+        root = _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row,
+                          residual_out_ptr, layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, ON_GPU)
         roots = tl.where(root_index == chunk, root, roots)
     if (PUBLISH == NO_PUBLISH) & (not REDUCED):
         if (token == 0) & (part == 0):

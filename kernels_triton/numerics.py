@@ -51,6 +51,12 @@ def pairwise_sum(x, N: tl.constexpr):
 
 
 @triton.jit
+def row_of(bits2d, rows, r):
+    """Row ``r`` of an integer 2-D block, extracted exactly (an integer sum of one value and zeros)."""
+    return tl.sum(tl.where(rows[:, None] == r, bits2d, 0), axis=0)
+
+
+@triton.jit
 def ue8m0_scale(amax):
     """FlashInfer's float_to_ue8m0_fast of amax * fp32(1/448): exponent, +1 if any mantissa bit,
     no bump for values <= 2^-127, capped at 254 (NaN and Inf give 254), 0 for zero."""
