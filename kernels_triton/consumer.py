@@ -62,7 +62,7 @@ def _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, ge
             acc = acc + bf16_to_f32(values)
         for source in tl.static_range(TP):
             lamport.rearm(mailbox_ptr + ((gen * TP + source) * capacity + token) * HIDDEN + h, in_row)
-        reduced = canonical_zero(f32_to_bf16(acc))
+        reduced = canonical_zero(f32_to_bf16(acc, ON_GPU))
     return reduced
 
 
@@ -79,7 +79,7 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
         comb = row_of(comb_bits, streams, source).to(tl.float32, bitcast=True)
         mixed = ptx.fma_rn(tl.broadcast_to(stream[None, :], (BLOCK_HC, CHUNK)),
                            tl.broadcast_to(comb[:, None], (BLOCK_HC, CHUNK)), mixed, ON_GPU)
-    residual_out = f32_to_bf16(mixed)
+    residual_out = f32_to_bf16(mixed, ON_GPU)
     tile = (token * HC + streams[:, None]) * HIDDEN + h[None, :]
     tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :])
     root = tl.zeros([], tl.float32)
@@ -91,7 +91,7 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
             weight = tl.sum(tl.where(streams == target, pre_bits, 0)).to(tl.float32, bitcast=True)
             stream = bf16_to_f32(row_of(residual_out, streams, target).to(tl.int16))
             collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
-        prenorm_bits = f32_to_bf16(collapsed)
+        prenorm_bits = f32_to_bf16(collapsed, ON_GPU)
         tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
         prenorm = bf16_to_f32(prenorm_bits)
         root = pairwise_sum(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK)
@@ -133,7 +133,7 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
 def _normalize_chunk(prenorm_bits, gamma_bits, inv_rms, token, num_tokens, chunk, h, in_row, layer_out_ptr,
                      values_ptr, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
                      ON_GPU: tl.constexpr):
-    layer = f32_to_bf16((bf16_to_f32(prenorm_bits) * inv_rms) * bf16_to_f32(gamma_bits))
+    layer = f32_to_bf16((bf16_to_f32(prenorm_bits) * inv_rms) * bf16_to_f32(gamma_bits), ON_GPU)
     tl.store(layer_out_ptr + token * HIDDEN + h, layer, mask=in_row)
     if VARIANT == QUANT:
         _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK, ON_GPU)

@@ -12,7 +12,8 @@ from .numerics import SENTINEL, bf16_to_f32, canonical_zero, f32_to_bf16
 
 @triton.jit(do_not_specialize=["capacity"])
 def lamport_floor_kernel(x_ptr, out_ptr, mailbox_ptr, peer_table_ptr, state_ptr, capacity,
-                         HIDDEN: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr):
+                         HIDDEN: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, BLOCK: tl.constexpr,
+                         ON_GPU: tl.constexpr = True):
     token = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     h = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -29,7 +30,7 @@ def lamport_floor_kernel(x_ptr, out_ptr, mailbox_ptr, peer_table_ptr, state_ptr,
             arrived = tl.load(slot, volatile=True)
         acc = acc + bf16_to_f32(arrived)
         lamport.rearm(slot, h < HIDDEN)
-    tl.store(out_ptr + token * HIDDEN + h, canonical_zero(f32_to_bf16(acc)))
+    tl.store(out_ptr + token * HIDDEN + h, canonical_zero(f32_to_bf16(acc, ON_GPU)))
     programs = tl.num_programs(0) * tl.num_programs(1)
     if tl.atomic_add(state_ptr + 1, 1, sem="acq_rel") == programs - 1:
         tl.store(state_ptr + 1, 0)

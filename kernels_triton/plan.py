@@ -50,10 +50,11 @@ def row_warps(chunk: int) -> int:
     return chunk // 256
 
 
-# The streaming consumers' register cap: 64 x 128 threads lets 8 programs share an SM (4 warps each),
-# twice the bytes in flight of the compiler's own choice (72-127), with no spill at H = 4096-7168
-# (ptxas -v). The latency forms run a wave or less and keep the compiler's choice.
-STREAMING_MAX_REGISTERS = 64
+# The local streaming consumers' register cap: 64 x 128 threads lets 8 programs share an SM (4 warps
+# each) where the compiler takes 72-95, spilling nothing (quant: 4 bytes) at H = 4096-7168
+# (ptxas -v). The mailbox consumers, which hold more across their spin, would spill; the latency
+# forms run a wave or less. Both keep the compiler's choice.
+LOCAL_STREAMING_MAX_REGISTERS = 64
 
 
 @dataclass(frozen=True)
@@ -109,5 +110,5 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                         CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, REDUCED=bt,
                         VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                         PHASES=BOTH_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
-                        STREAMING_MAX_REGISTERS if split == 1 else None)
+                        LOCAL_STREAMING_MAX_REGISTERS if split == 1 and protocol == LOCAL else None)
     return plan

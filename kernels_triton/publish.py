@@ -35,7 +35,7 @@ def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
             # A route this rank does not hold is skipped, not multiplied by zero.
             acc = tl.where(routed, ptx.fma_rn(bf16_to_f32(values), weight, acc, ON_GPU), acc)
         shared = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
-        contribution = f32_to_bf16(acc + bf16_to_f32(shared))
+        contribution = f32_to_bf16(acc + bf16_to_f32(shared), ON_GPU)
     else:
         contribution = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
     return canonical_zero(contribution)
