@@ -1,4 +1,4 @@
-"""Launchers of the strong unfused kernels (``kernels_triton.strong_tail``) over caller-allocated
+"""Launchers of the strong unfused kernels (``strong_tail_kernels``) over caller-allocated
 outputs, on the GPU or, for tests, under the Triton interpreter on host tensors."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class StrongTail:
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
 
     def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
-        from kernels_triton.strong_tail import strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
+        from .strong_tail_kernels import strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
 
         m = reduced.shape[0]
         if (mxfp8 is not None) != self.quantize:
@@ -92,7 +92,7 @@ class StrongFinalize:
         self.chunk = _chunk(hidden)
 
     def __call__(self, gemm2, weights, indices, shared, out) -> torch.Tensor:
-        from kernels_triton.strong_tail import moe_finalize_kernel
+        from .strong_tail_kernels import moe_finalize_kernel
 
         if indices.shape[-1] != self.top_k or weights.shape != indices.shape:
             raise ValueError(f"weights and indices must be [M, {self.top_k}], got {list(weights.shape)} and "
