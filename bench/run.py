@@ -1,4 +1,4 @@
-"""torchrun --nproc-per-node 2 bench/run.py [--hidden 5120] [--rows 1 16 128] ... (see lamport_mhc.bench)."""
+"""torchrun --nproc-per-node N bench/run.py [--hidden 5120] [--rows 1 16 128] ... (see lamport_mhc.bench)."""
 
 import sys
 

@@ -111,7 +111,7 @@ class ConsumerKernel:
         ``residual``/``residual_out`` int16 [M*hc*H]; ``post``, ``pre`` fp32 [M*hc]; ``comb`` fp32
         [M*hc*hc] as [token, source, target]; ``gamma`` int16 [H]; ``layer_out`` int16 [M*H];
         ``values`` uint8 [M*H] and ``scales`` uint8 (swizzled) for quant; ``state`` int32 [3] of the
-        protocol; ``error`` int32 [4]; ``timeout_ns``: 0 waits forever. One-kernel forms only (as the
+        protocol; ``error`` int32 [6]; ``timeout_ns``: 0 waits forever. One-kernel forms only (as the
         publish kernel): ``x`` int16 [M*H] (the contribution, or the shared expert output), ``gemm2``,
         ``weights``, ``indices`` (finalize), ``peer_table`` int64 [tp] of the LL mailbox's addresses and
         its ``multicast_address``."""

@@ -21,6 +21,7 @@ STATE_ACTIVE = layout.STATE_ACTIVE
 GENERATIONS = layout.GENERATIONS
 BF16_BYTES = 2
 WORD_BYTES = 4
+MIRROR_ADDRESS_BYTE = layout.ERROR_MIRROR_ADDRESS * 8  # the int64 address of the host mirror
 
 
 @cute.jit
@@ -31,13 +32,17 @@ def element_address(tensor: cute.Tensor, element: Int64) -> Int64:
 
 @cute.jit
 def record_timeout(error: cute.Tensor, source: Int32, generation: Int32, token: Int32):
-    """First timed-out poll of a launch wins the error word [flag, source, generation, token]: a CAS
-    of the flag from 0 to 1, then the other three words."""
+    """The first timed-out poll of a rank claims the device error buffer's flag (a CAS from 0 to 1
+    in device memory) and writes the record [flag, source, generation, token] there and, flag last
+    after a system fence, to the host mirror whose address the buffer holds (0: none)."""
     base = error.iterator.toint()
     if primitives.atomic_cas_b32(base, Int32(0), Int32(1)) == Int32(0):
         primitives.store_b32(base + Int64(1 * WORD_BYTES), source)
         primitives.store_b32(base + Int64(2 * WORD_BYTES), generation)
         primitives.store_b32(base + Int64(3 * WORD_BYTES), token)
+        mirror = primitives.load_b64(base + Int64(MIRROR_ADDRESS_BYTE))
+        if mirror != Int64(0):
+            primitives.store_record_system(mirror, source, generation, token)
 
 
 @cute.jit

@@ -36,7 +36,7 @@ class OwnerReduceKernel:
                  state: cute.Tensor, error: cute.Tensor, num_tokens: Int32, timeout_ns: Int64, slots: Int32,
                  capacity: Int32, stream: cuda.CUstream):
         """``mailbox``: int16 [3*tp*slots*H], this rank's BT contributions; ``sums_table`` int64 [tp]:
-        every rank's sums buffer [3][capacity][H]; ``state`` int32 [3] (BT); ``error`` int32 [4];
+        every rank's sums buffer [3][capacity][H]; ``state`` int32 [3] (BT); ``error`` int32 [6];
         ``timeout_ns``: 0 waits forever; ``slots``: ceil(capacity / tp)."""
         owned = cutlass.max((num_tokens + Int32(self.tp - 1)) // Int32(self.tp), Int32(1))
         self.kernel(mailbox, sums_table, sums_multicast_address, state, error, num_tokens, timeout_ns, slots,

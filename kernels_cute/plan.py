@@ -24,7 +24,7 @@ STREAMING = "streaming_"  # name prefix of the streaming twin of a consumer
 
 # Runtime arguments in order, by kind (see ``offline.fake_argument``):
 #   "*i16" / "*fp32" / "*i32" / "*u8": 1-D device buffers of any length (bf16 data travels as int16 bits);
-#   "state": int32 [3] generation state; "error": int32 [4]; "table": int64 [tp] of addresses;
+#   "state": int32 [3] generation state; "error": int32 [6]; "table": int64 [tp] of addresses;
 #   "i32" / "i64" / "f32": scalars; "stream": the CUDA stream.
 PUBLISH_SIGNATURE = (("x", "*i16"), ("gemm2", "*i16"), ("weights", "*fp32"), ("indices", "*i32"),
                      ("state", "state"), ("peer_table", "table"), ("multicast_address", "i64"),

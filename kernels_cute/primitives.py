@@ -118,6 +118,26 @@ def atomic_cas_b32(address: Int64, compare: Int32, value: Int32, *, loc=None, ip
 
 
 @dsl_user_op
+def load_b64(address: Int64, *, loc=None, ip=None) -> Int64:
+    """``ld.global.b64`` of a word the host wrote before any launch (the host mirror's address)."""
+    return Int64(_asm(T.i64(), [Int64(address).ir_value(loc=loc, ip=ip)], "ld.global.b64 $0, [$1];",
+                      "=l,l,~{memory}", True, loc, ip))
+
+
+@dsl_user_op
+def store_record_system(address: Int64, source: Int32, generation: Int32, token: Int32, *, loc=None,
+                        ip=None) -> None:
+    """Write a spin-timeout record [flag, source, generation, token] at ``address`` (the host mirror
+    in pinned memory) so that whoever sees the flag sees the rest: the three words, ``fence.sc.sys``,
+    then the flag, in one asm block. Plain stores: PCIe hosts may lack atomics to host memory."""
+    operands = [Int64(address).ir_value(loc=loc, ip=ip)] + [Int32(v).ir_value(loc=loc, ip=ip)
+                                                            for v in (source, generation, token, 1)]
+    _asm(None, operands,
+         "st.global.b32 [$0+4], $1; st.global.b32 [$0+8], $2; st.global.b32 [$0+12], $3; "
+         "fence.sc.sys; st.relaxed.sys.global.b32 [$0], $4;", "l,r,r,r,r,~{memory}", True, loc, ip)
+
+
+@dsl_user_op
 def store_b32(address: Int64, value: Int32, *, loc=None, ip=None) -> None:
     """``st.global.b32`` of one state or error word, in program order with the protocol's other
     memory operations."""

@@ -15,7 +15,7 @@ from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
 from .consumer import CONSUME_ONLY, PUBLISH_ONLY
-from .plan import chunk_width, kernel_plan
+from .plan import kernel_plan, row_chunks
 
 PHASE_CODES = {"publish": PUBLISH_ONLY.value, "consume": CONSUME_ONLY.value}
 
@@ -44,12 +44,39 @@ class TritonKernels:
         self.workspace = workspace
         self.interpret = interpret
         self.plan = kernel_plan(spec, on_gpu=not interpret)
-        device = workspace.ll.local.device
+        self.chunks = row_chunks(spec.hidden)[1]
+        device = workspace.error.device
         # Stand-ins for pointer arguments a specialization never dereferences.
         self._unused = {dtype: torch.zeros(16, dtype=dtype, device=device)
-                        for dtype in (torch.int16, torch.float32, torch.int32, torch.uint8)}
+                        for dtype in (torch.int16, torch.float32, torch.int32, torch.uint8, torch.int64)}
+        # The latency form's scratch: each token's chunk roots and its arrival count (0 between calls).
+        self.roots = torch.zeros(spec.capacity * self.chunks, dtype=torch.float32, device=device)
+        self.arrivals = torch.zeros(spec.capacity, dtype=torch.int32, device=device)
+        # Programs that wait for their twins on other ranks must all be resident: one per SM is.
+        self.resident = None if interpret else torch.cuda.get_device_properties(device).multi_processor_count
+        self.split_rows = self._split_rows()
+        # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
+        # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
+        self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
+        self._ll_multicast = 0 if workspace.ll is None else workspace.ll.multicast
         if not interpret:
             self._compile_all()
+
+    def _split_rows(self) -> int:
+        """Calls of at most this many rows take the latency form (a program per chunk of a token):
+        by default while the call's programs fill the GPU once (on CPU: never, unless asked)."""
+        if self.chunks == 1:
+            return 0
+        if self.spec.split_rows is not None:
+            return self.spec.split_rows
+        return 0 if self.resident is None else self.resident // self.chunks
+
+    def _split(self, m: int, waits_for_twins: bool = False) -> int:
+        """Programs per token of a call of ``m`` rows."""
+        split = m <= self.split_rows
+        if waits_for_twins and self.resident is not None:
+            split = split and m * self.chunks <= self.resident
+        return self.chunks if split else 1
 
     # -- launching -------------------------------------------------------------------------------
     def _launch(self, name: str, grid, *args, **overrides):
@@ -60,25 +87,27 @@ class TritonKernels:
         else:
             if overrides:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
-            instance.fn[grid](*args, **instance.constexprs, num_warps=instance.num_warps,
-                              enable_fp_fusion=False, launch_pdl=self.spec.use_pdl)
+            instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
+
+    def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, **overrides):
+        split = self._split(m, waits_for_twins)
+        self._launch(name + ("_split" if split > 1 else ""), (m, split), *args, **overrides)
 
     def _compile_all(self) -> None:
         """Compile every kernel now, so no call (and no CUDA-graph capture) compiles."""
         for instance in self.plan.values():
             args = [self._placeholder(arg, kind) for arg, kind in instance.signature.items()]
-            instance.fn.warmup(*args, grid=(1,), **instance.constexprs, num_warps=instance.num_warps,
-                               enable_fp_fusion=False, launch_pdl=self.spec.use_pdl)
+            instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
+                               launch_pdl=self.spec.use_pdl)
 
     def _placeholder(self, arg: str, kind: str):
         """An argument of the kind a real launch passes (scalars typed as at run time)."""
-        pointers = {"*i16": torch.int16, "*fp32": torch.float32, "*i32": torch.int32, "*u8": torch.uint8}
+        pointers = {"*i16": torch.int16, "*fp32": torch.float32, "*i32": torch.int32, "*u8": torch.uint8,
+                    "*i64": torch.int64}
         if kind in pointers:
             return self._unused[pointers[kind]]
-        if kind == "*i64":
-            return self.workspace.ll.peers
         if arg == "multicast_address":
-            return self.workspace.ll.multicast
+            return self._ll_multicast
         if arg == "sums_multicast_address":
             return self.workspace.bt_sums.multicast
         if arg == "timeout_ns":
@@ -90,47 +119,52 @@ class TritonKernels:
     # -- the Kernels interface ---------------------------------------------------------------------
     def publish(self, protocol: str, x: torch.Tensor) -> None:
         mailbox = self.workspace.contributions(protocol)
-        grid = (x.shape[0], self.spec.hidden // chunk_width(self.spec.hidden))
-        self._launch(f"publish_{protocol}", grid, x.view(torch.int16), self._unused[torch.int16],
+        self._launch(f"publish_{protocol}", (x.shape[0], self.chunks), x.view(torch.int16), self._unused[torch.int16],
                      self._unused[torch.float32], self._unused[torch.int32], self.workspace.state(protocol),
                      mailbox.peers, mailbox.multicast, self.spec.slots(protocol))
 
     def finalize_publish(self, protocol: str, gemm2, weights, indices, shared) -> None:
         mailbox = self.workspace.contributions(protocol)
-        grid = (shared.shape[0], self.spec.hidden // chunk_width(self.spec.hidden))
-        self._launch(f"finalize_publish_{protocol}", grid, shared.view(torch.int16), gemm2.view(torch.int16),
-                     weights, indices, self.workspace.state(protocol), mailbox.peers, mailbox.multicast,
-                     self.spec.slots(protocol))
+        self._launch(f"finalize_publish_{protocol}", (shared.shape[0], self.chunks), shared.view(torch.int16),
+                     gemm2.view(torch.int16), weights, indices, self.workspace.state(protocol), mailbox.peers,
+                     mailbox.multicast, self.spec.slots(protocol))
 
     def owner_reduce(self, m: int) -> None:
         ws, spec = self.workspace, self.spec
-        grid = (max(1, -(-m // spec.tp)), spec.hidden // chunk_width(spec.hidden))
-        self._launch("owner_reduce_bt", grid, ws.bt.local, ws.bt_sums.peers, ws.bt_sums.multicast,
-                     ws.bt_state, ws.error, m, self.spec.spin_timeout_ns, spec.owner_capacity, spec.capacity)
+        self._launch("owner_reduce_bt", (max(1, -(-m // spec.tp)), self.chunks), ws.bt.local, ws.bt_sums.peers,
+                     ws.bt_sums.multicast, ws.bt_state, ws.error, m, self.spec.spin_timeout_ns, spec.owner_capacity,
+                     spec.capacity)
 
     def consume(self, protocol: str, args: ConsumerArgs) -> None:
         i16, f32, i32 = self._unused[torch.int16], self._unused[torch.float32], self._unused[torch.int32]
-        self._launch(f"consumer_{protocol}_{args.variant}", (args.residual.shape[0],),
-                     *self._consumer_args(protocol, args), i16, i16, f32, i32, self.workspace.ll.peers,
-                     self.workspace.ll.multicast)
+        self._launch_consumer(f"consumer_{protocol}_{args.variant}", args.residual.shape[0],
+                              *self._consumer_args(protocol, args), i16, i16, f32, i32, self._ll_peers,
+                              self._ll_multicast)
 
     def publish_and_consume(self, call: Call, phases: str = "both") -> None:
-        args, ws = call.consumer, self.workspace
-        if call.kind == "finalize":
-            name, publish = f"one_kernel_finalize_ll_{args.variant}", (
-                call.shared.view(torch.int16), call.gemm2.view(torch.int16), call.weights, call.indices)
-        else:
-            name, publish = f"one_kernel_ll_{args.variant}", (
-                call.x.view(torch.int16), self._unused[torch.int16], self._unused[torch.float32],
-                self._unused[torch.int32])
+        name, publish = self._with_contribution("one_kernel", call)
         phase_overrides = {} if phases == "both" else {"PHASES": PHASE_CODES[phases]}
-        self._launch(name, (call.m,), *self._consumer_args("ll", args), *publish, ws.ll.peers, ws.ll.multicast,
-                     **phase_overrides)
+        self._launch_consumer(f"{name}_ll_{call.consumer.variant}", call.m, *self._consumer_args("ll", call.consumer),
+                              *publish, self._ll_peers, self._ll_multicast, waits_for_twins=True, **phase_overrides)
+
+    def local(self, call: Call) -> None:
+        name, publish = self._with_contribution("local", call)
+        self._launch_consumer(f"{name}_{call.consumer.variant}", call.m, *self._consumer_args("local", call.consumer),
+                              *publish, self._ll_peers, self._ll_multicast)
+
+    def _with_contribution(self, prefix: str, call: Call) -> tuple[str, tuple]:
+        """The kernel name's stem and the contribution's arguments (x, or the finalize inputs)."""
+        if call.kind == "finalize":
+            return f"{prefix}_finalize", (call.shared.view(torch.int16), call.gemm2.view(torch.int16), call.weights,
+                                          call.indices)
+        return prefix, (call.x.view(torch.int16), self._unused[torch.int16], self._unused[torch.float32],
+                        self._unused[torch.int32])
 
     def _consumer_args(self, protocol: str, args: ConsumerArgs) -> list:
-        """The consumer's arguments up to ``capacity`` (the publish arguments follow)."""
+        """The consumer's arguments up to ``arrivals_ptr`` (the contribution's arguments follow)."""
         ws = self.workspace
-        source = ws.bt_sums.local if protocol == "bt" else ws.ll.local
+        source = {"bt": lambda: ws.bt_sums.local, "ll": lambda: ws.ll.local,
+                  "local": lambda: self._unused[torch.int16]}[protocol]()
         residual_only = args.variant == "residual"
         i16, f32, u8 = self._unused[torch.int16], self._unused[torch.float32], self._unused[torch.uint8]
         return [source, args.residual.view(torch.int16), args.post, args.comb, f32 if residual_only else args.pre,
@@ -138,4 +172,5 @@ class TritonKernels:
                 i16 if residual_only else args.layer_input.view(torch.int16),
                 u8 if args.mxfp8_values is None else args.mxfp8_values.view(torch.uint8),
                 u8 if args.mxfp8_scales is None else args.mxfp8_scales, ws.state(protocol), ws.error,
-                float(args.norm_eps), args.residual.shape[0], self.spec.spin_timeout_ns, self.spec.capacity]
+                float(args.norm_eps), args.residual.shape[0], self.spec.spin_timeout_ns, self.spec.capacity,
+                self.roots, self.arrivals]

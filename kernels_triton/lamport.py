@@ -17,15 +17,23 @@ GENERATIONS = tl.constexpr(layout.GENERATIONS)
 # Under the interpreter every publish ran before any consumer, so a slot still empty after this
 # many polls is a protocol bug, reported like a GPU spin timeout instead of hanging the process.
 INTERPRETER_POLLS = tl.constexpr(2)
+# The int64 address of the host mirror of the spin-timeout record, in the device error buffer.
+MIRROR_ADDRESS = tl.constexpr(layout.ERROR_MIRROR_ADDRESS)
 
 
 @triton.jit
-def record_timeout(error_ptr, source, generation, token):
-    """First timed-out poll of a launch wins the error word [flag, source, generation, token]."""
+def record_timeout(error_ptr, source, generation, token, ON_GPU: tl.constexpr):
+    """The first timed-out poll of a rank claims the device error buffer's flag (atomic CAS in
+    device memory) and writes the record [flag, source, generation, token] there and, flag last
+    after a system fence, to the host mirror whose address the buffer holds (0: none)."""
     if tl.atomic_cas(error_ptr, 0, 1) == 0:
-        tl.store(error_ptr + 1, source)
-        tl.store(error_ptr + 2, generation)
-        tl.store(error_ptr + 3, token)
+        record = (source + tl.zeros([], tl.int32), generation.to(tl.int32), token.to(tl.int32))
+        tl.store(error_ptr + 1, record[0])
+        tl.store(error_ptr + 2, record[1])
+        tl.store(error_ptr + 3, record[2])
+        mirror = tl.load(error_ptr.to(tl.pointer_type(tl.int64)) + MIRROR_ADDRESS)
+        if mirror != 0:
+            ptx.store_record_system(mirror, record[0], record[1], record[2], ON_GPU)
 
 
 @triton.jit
@@ -45,7 +53,7 @@ def poll(ptrs, mask, timeout_ns, error_ptr, source, generation, token, ON_GPU: t
         else:
             expired = polls >= INTERPRETER_POLLS
         if expired & (pending != 0):
-            record_timeout(error_ptr, source, generation, token)
+            record_timeout(error_ptr, source, generation, token, ON_GPU)
             pending = 0
     return values
 
@@ -78,27 +86,32 @@ def peer_pointer(table_ptr, rank):
 
 
 @triton.jit
-def broadcast(values, offset, peer_table_ptr, multicast_address, TP: tl.constexpr, BLOCK: tl.constexpr,
+def broadcast(values, offset, mask, peer_table_ptr, multicast_address, TP: tl.constexpr, BLOCK: tl.constexpr,
               MULTICAST: tl.constexpr):
-    """Store a contiguous run of BLOCK values at element ``offset`` of every rank's copy of a
-    buffer: once through its multicast mapping, or once per rank through the peer-address table."""
+    """Store a contiguous run of BLOCK values (the lanes of ``mask``, whole 16-byte fragments) at
+    element ``offset`` of every rank's copy of a buffer: once through its multicast mapping, or once
+    per rank through the peer-address table."""
     if MULTICAST:
-        store_multicast(multicast_address, offset, values, BLOCK)
+        store_multicast(multicast_address, offset, values, mask, BLOCK)
     else:
         for peer in tl.static_range(TP):
-            tl.store(peer_pointer(peer_table_ptr, peer) + offset + tl.arange(0, BLOCK), values)
+            tl.store(peer_pointer(peer_table_ptr, peer) + offset + tl.arange(0, BLOCK), values, mask=mask)
 
 
 @triton.jit
-def store_multicast(address, offsets, values, BLOCK: tl.constexpr):
+def store_multicast(address, offsets, values, mask, BLOCK: tl.constexpr):
     """``multimem.st`` of a contiguous run of BLOCK bf16 (as int16) values starting at element
-    ``offsets`` (scalar) of the multicast mapping at ``address``: 16 bytes per store."""
+    ``offsets`` (scalar) of the multicast mapping at ``address``: 16 bytes per store, for the
+    fragments whose lanes ``mask`` holds (a mask is whole fragments: HIDDEN is a multiple of 8)."""
     half = tl.reshape(values.to(tl.uint16, bitcast=True).to(tl.uint32), (BLOCK // 2, 2))
     lo, hi = tl.split(half)
     words = tl.reshape(lo | (hi << 16), (BLOCK // 8, 2, 2))
     even, odd = tl.split(words)  # words 4i+2j and 4i+2j+1
     w0, w2 = tl.split(even)
     w1, w3 = tl.split(odd)
-    byte = address + (offsets + tl.arange(0, BLOCK // 8).to(tl.int64) * 8) * 2
+    fragment = tl.arange(0, BLOCK // 8)
+    # The fragment's first lane decides for all eight.
+    stored = tl.max(tl.reshape(mask.to(tl.int32), (BLOCK // 8, 8)), axis=1)
+    byte = address + (offsets + fragment.to(tl.int64) * 8) * 2
     ptx.multicast_store_16b(byte, w0.to(tl.int32, bitcast=True), w1.to(tl.int32, bitcast=True),
-                            w2.to(tl.int32, bitcast=True), w3.to(tl.int32, bitcast=True))
+                            w2.to(tl.int32, bitcast=True), w3.to(tl.int32, bitcast=True), stored)

@@ -13,6 +13,8 @@ import triton.language as tl
 
 from lamport_mhc import layout
 
+from . import ptx
+
 SENTINEL = tl.constexpr(layout.SENTINEL_INT16)  # bf16 -0.0 as int16
 
 
@@ -23,8 +25,12 @@ def bf16_to_f32(bits):
 
 
 @triton.jit
-def f32_to_bf16(x):
-    """fp32 -> bf16 bits (int16), round to nearest even; every NaN becomes 0x7FC0."""
+def f32_to_bf16(x, ON_GPU: tl.constexpr):
+    """fp32 -> bf16 bits (int16), round to nearest even; every NaN becomes 0x7FC0. On the GPU one
+    ``cvt.rn.bf16.f32`` (whose NaN is 0x7FFF, hence the select); the interpreter's cast truncates,
+    so its twin rounds in integers (the same bits)."""
+    if ON_GPU:
+        return tl.where(x != x, 0x7FC0, x.to(tl.bfloat16).to(tl.int16, bitcast=True)).to(tl.int16)
     u = x.to(tl.uint32, bitcast=True)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     is_nan = (u & 0x7FFFFFFF) > 0x7F800000
@@ -75,11 +81,14 @@ def inverse_scale(u):
 
 
 @triton.jit
-def f32_to_e4m3(v):
+def f32_to_e4m3(v, ON_GPU: tl.constexpr):
     """fp32 -> float8_e4m3fn bits (int32 0..255), round to nearest even, after FlashInfer's clamp to
-    +-448 (a NaN becomes +448, as min.f32/max.f32 return the number)."""
+    +-448 (a NaN becomes +448, as min.f32/max.f32 return the number). On the GPU the conversion is
+    FlashInfer's own instruction; the interpreter rounds in integers (the same bits)."""
     v = tl.where(v != v, 448.0, v)
     v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+    if ON_GPU:
+        return ptx.e4m3_rn(v)
     u = v.to(tl.int32, bitcast=True)
     sign = (u >> 24) & 0x80
     a = u & 0x7FFFFFFF

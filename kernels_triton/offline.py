@@ -30,7 +30,6 @@ def compile_ptx(spec: BuildSpec, arch: str = "sm_90a") -> dict[str, str]:
         aligned = {(instance.fn.arg_names.index(arg),): [["tt.divisibility", 16]]
                    for arg, kind in instance.signature.items() if kind.startswith("*")}
         source = ASTSource(fn=instance.fn, signature=signature, constexprs=instance.constexprs, attrs=aligned)
-        compiled = triton.compile(source, target=target, options={
-            "num_warps": instance.num_warps, "enable_fp_fusion": False, "launch_pdl": spec.use_pdl})
+        compiled = triton.compile(source, target=target, options={**instance.options, "launch_pdl": spec.use_pdl})
         ptx[name] = compiled.asm["ptx"]
     return ptx

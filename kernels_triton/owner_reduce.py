@@ -2,8 +2,8 @@
 contribution in rank order (fp32 from +0, rounded to bf16, -0.0 -> +0.0: the same bits as the LL
 consumer's sum) and stores the sum into every rank's ``sums[gen][t]``. It then advances the BT
 generation and re-arms the contribution slots it read.
-Grid: (max(1, ceil(M / TP)), HIDDEN // BLOCK); at least one program runs so the generation advances
-on a rank that owns no token of a small call.
+Grid: (max(1, ceil(M / TP)), CHUNKS), chunks as the publish's; at least one program runs so the
+generation advances on a rank that owns no token of a small call.
 """
 
 import triton
@@ -21,7 +21,7 @@ def owner_reduce_kernel(
     sums_table_ptr,   # int64 [TP]: every rank's sums buffer [3][capacity][H]
     sums_multicast_address,  # int64 (MULTICAST)
     state_ptr,        # int32 [2]: BT [next, active]
-    error_ptr,        # int32 [4]
+    error_ptr,        # int32 [6] (layout.ERROR_WORDS)
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever
     slots,            # ceil(capacity / TP)
@@ -44,9 +44,9 @@ def owner_reduce_kernel(
             slot = mailbox_ptr + ((gen * TP + source) * slots + local) * HIDDEN + h
             values = lamport.poll(slot, in_row, timeout_ns, error_ptr, source, generation, token, ON_GPU)
             acc = acc + bf16_to_f32(values)
-        reduced = canonical_zero(f32_to_bf16(acc))
+        reduced = canonical_zero(f32_to_bf16(acc, ON_GPU))
         offset = (gen * capacity + token) * HIDDEN + chunk * BLOCK
-        lamport.broadcast(reduced, offset, sums_table_ptr, sums_multicast_address, TP, BLOCK, MULTICAST)
+        lamport.broadcast(reduced, offset, in_row, sums_table_ptr, sums_multicast_address, TP, BLOCK, MULTICAST)
         for source in tl.static_range(TP):
             lamport.rearm(mailbox_ptr + ((gen * TP + source) * slots + local) * HIDDEN + h, in_row)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lamport_mhc.backend import BuildSpec
+from lamport_mhc.backend import LOCAL, BuildSpec
 
-from .consumer import (BOTH_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY, consumer_kernel)
+from .consumer import (BOTH_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY,
+                       consumer_kernel)
 from .owner_reduce import owner_reduce_kernel
 from .publish import publish_kernel
 
@@ -23,22 +24,37 @@ CONSUMER_SIGNATURE = {"mailbox_ptr": "*i16", "residual_ptr": "*i16", "post_ptr":
                       "pre_ptr": "*fp32", "gamma_ptr": "*i16", "residual_out_ptr": "*i16",
                       "layer_out_ptr": "*i16", "values_ptr": "*u8", "scales_ptr": "*u8", "state_ptr": "*i32",
                       "error_ptr": "*i32", "eps": "fp32", "num_tokens": "i32", "timeout_ns": "i64",
-                      "capacity": "i32", "x_ptr": "*i16", "gemm2_ptr": "*i16", "weights_ptr": "*fp32",
-                      "indices_ptr": "*i32", "peer_table_ptr": "*i64", "multicast_address": "i64"}
+                      "capacity": "i32", "roots_ptr": "*fp32", "arrivals_ptr": "*i32", "x_ptr": "*i16",
+                      "gemm2_ptr": "*i16", "weights_ptr": "*fp32", "indices_ptr": "*i32", "peer_table_ptr": "*i64",
+                      "multicast_address": "i64"}
 
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def chunk_width(hidden: int) -> int:
-    """Largest power of two (<= 1024) dividing ``hidden``: publish and owner-reduce programs cover
-    whole 16-byte fragments with no masked lane."""
-    return min(hidden & -hidden, 1024)
+# Chunk widths a row is walked in: with CHUNK // 256 warps every thread moves 8 bf16 (16 bytes) per
+# access; wider chunks would only add warps, narrower ones could not give each thread 16 bytes.
+CHUNK_WIDTHS = (1024, 512, 256)
 
 
-def consumer_warps(block_h: int) -> int:
-    return 4 if block_h <= 1024 else 8 if block_h <= 4096 else 16
+def row_chunks(hidden: int) -> tuple[int, int]:
+    """(CHUNK, CHUNKS): the chunk width that pads the row least (the widest among equals) and the
+    chunk count. H = 4096 / 5120 / 7168: 4 / 5 / 7 chunks of 1024, no lane of padding; H = 1408:
+    3 of 512."""
+    chunk = min(CHUNK_WIDTHS, key=lambda width: (-(-hidden // width) * width, -width))
+    return chunk, -(-hidden // chunk)
+
+
+def row_warps(chunk: int) -> int:
+    return chunk // 256
+
+
+# The local streaming consumers' register cap: 64 x 128 threads lets 8 programs share an SM (4 warps
+# each) where the compiler takes 72-95, spilling nothing (quant: 4 bytes) at H = 4096-7168
+# (ptxas -v). The mailbox consumers, which hold more across their spin, would spill; the latency
+# forms run a wave or less. Both keep the compiler's choice.
+LOCAL_STREAMING_MAX_REGISTERS = 64
 
 
 @dataclass(frozen=True)
@@ -48,35 +64,51 @@ class KernelInstance:
     constexprs: dict
     signature: dict      # runtime arguments, in order
     num_warps: int
+    max_registers: int | None = None  # per thread (ptxas's maxnreg); None: the compiler's choice
+
+    @property
+    def options(self) -> dict:
+        """Compile options besides the constexprs (every kernel: no fp fusion, the contract's FMAs
+        are explicit)."""
+        options = dict(num_warps=self.num_warps, enable_fp_fusion=False)
+        if self.max_registers is not None:
+            options["maxnreg"] = self.max_registers
+        return options
 
 
 def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstance]:
-    """Every kernel a build launches, keyed by name (e.g. ``publish_ll``, ``consumer_bt_quant``)."""
+    """Every kernel a build launches, keyed by name (e.g. ``publish_ll``, ``consumer_bt_quant``,
+    ``local_finalize_plain``). Each consumer whose row has several chunks also has a ``_split`` twin
+    that spreads a token over one program per chunk (the latency form)."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
-    block = chunk_width(spec.hidden)
+    chunk, chunks = row_chunks(spec.hidden)
+    warps = row_warps(chunk)
     plan = {}
     for protocol in spec.protocols:
         bt = protocol == "bt"
-        for finalize in (False, True):
-            name = f"{'finalize_' if finalize else ''}publish_{protocol}"
-            plan[name] = KernelInstance(name, publish_kernel, dict(
-                common, RANK=spec.rank, TOP_K=spec.top_k, BLOCK=block, FINALIZE=finalize, BT=bt, MULTICAST=multicast and not bt),
-                PUBLISH_SIGNATURE, 4)
-        if bt:
-            plan["owner_reduce_bt"] = KernelInstance("owner_reduce_bt", owner_reduce_kernel, dict(
-                common, RANK=spec.rank, BLOCK=block,
-                MULTICAST=multicast), OWNER_REDUCE_SIGNATURE, 4)
-        block_h = _pow2_at_least(spec.hidden)
-        consumers = {"consumer": NO_PUBLISH}
-        if not bt and spec.ll_one_kernel_rows > 0:
-            consumers.update({"one_kernel": PUBLISH_X, "one_kernel_finalize": PUBLISH_FINALIZE})
+        if protocol == LOCAL:
+            consumers = {"local": PUBLISH_X, "local_finalize": PUBLISH_FINALIZE}
+        else:
+            for finalize in (False, True):
+                name = f"{'finalize_' if finalize else ''}publish_{protocol}"
+                plan[name] = KernelInstance(name, publish_kernel, dict(
+                    common, RANK=spec.rank, TOP_K=spec.top_k, BLOCK=chunk, FINALIZE=finalize, BT=bt,
+                    MULTICAST=multicast and not bt), PUBLISH_SIGNATURE, warps)
+            if bt:
+                plan["owner_reduce_bt"] = KernelInstance("owner_reduce_bt", owner_reduce_kernel, dict(
+                    common, RANK=spec.rank, BLOCK=chunk, MULTICAST=multicast), OWNER_REDUCE_SIGNATURE, warps)
+            consumers = {f"consumer_{protocol}": NO_PUBLISH}
+            if not bt and spec.ll_one_kernel_rows > 0:
+                consumers.update({"one_kernel_ll": PUBLISH_X, "one_kernel_finalize_ll": PUBLISH_FINALIZE})
         for prefix, publish in consumers.items():
             for variant in spec.variants:
-                name = f"{prefix}_{protocol}_{variant}"
-                plan[name] = KernelInstance(name, consumer_kernel, dict(
-                    common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_H=block_h,
-                    BLOCK_HC=_pow2_at_least(spec.hc), CHUNK=block, REDUCED=bt, VARIANT=VARIANT_CODES[variant],
-                    PUBLISH=publish.value, PHASES=BOTH_PHASES.value, MULTICAST=multicast),
-                    CONSUMER_SIGNATURE, consumer_warps(block_h))
+                for split in sorted({1, chunks}):
+                    name = f"{prefix}_{variant}" + ("_split" if split > 1 else "")
+                    plan[name] = KernelInstance(name, consumer_kernel, dict(
+                        common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
+                        CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, REDUCED=bt,
+                        VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
+                        PHASES=BOTH_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
+                        LOCAL_STREAMING_MAX_REGISTERS if split == 1 and protocol == LOCAL else None)
     return plan

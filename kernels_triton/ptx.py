@@ -66,12 +66,51 @@ def global_timer_ns(ON_GPU: tl.constexpr):
 
 
 @triton.jit
-def multicast_store_16b(addr, w0, w1, w2, w3):
-    """One ``multimem.st`` of 16 bytes per element of ``addr`` (int64 multicast addresses; the callers
-    pick block sizes that divide the row, so no lane is masked). GPU only: the simulated group has no
-    multicast transport."""
+def e4m3_rn(v):
+    """float8_e4m3fn bits (int32 0..255) of fp32 values within +-448: ``cvt.rn.satfinite.e4m3x2``,
+    as FlashInfer converts (the pair's other half is a zero). GPU only: ``numerics.f32_to_e4m3``
+    holds the interpreter's integer twin."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 pair; cvt.rn.satfinite.e4m3x2.f32 pair, 0f00000000, $1; cvt.u32.u16 $0, pair; }",
+        "=r,r", args=[v.to(tl.int32, bitcast=True)], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def fence_acq_rel_gpu(ON_GPU: tl.constexpr):
+    """``fence.acq_rel.gpu``: this thread's earlier stores are ordered before its later ones at GPU
+    scope (the interpreter runs programs one after another: nothing to order)."""
+    if ON_GPU:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def store_record_system(address, source, generation, token, ON_GPU: tl.constexpr):
+    """Write a spin-timeout record [flag, source, generation, token] (int32 words) at ``address``
+    (int64: the host mirror in pinned memory) so that whoever sees the flag sees the rest: the three
+    words, ``fence.sc.sys``, then the flag, in one asm block that nothing can reorder. Plain
+    stores: PCIe hosts may lack the atomics to host memory. Every thread of the program runs it
+    (the values are the same); the interpreter twin stores the words in the same order."""
+    if ON_GPU:
+        tl.inline_asm_elementwise(
+            "st.global.b32 [$1+4], $2; st.global.b32 [$1+8], $3; st.global.b32 [$1+12], $4; "
+            "fence.sc.sys; st.relaxed.sys.global.b32 [$1], $5; mov.u32 $0, 0;",
+            "=r,l,r,r,r,r", args=[address, source, generation, token, tl.full([], 1, tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        words = address.to(tl.pointer_type(tl.int32))
+        tl.store(words + 1, source)
+        tl.store(words + 2, generation)
+        tl.store(words + 3, token)
+        tl.store(words, 1)
+
+
+@triton.jit
+def multicast_store_16b(addr, w0, w1, w2, w3, stored):
+    """One ``multimem.st`` of 16 bytes per element of ``addr`` (int64 multicast addresses) where
+    ``stored`` is non-zero. GPU only: the simulated group has no multicast transport."""
     tl.inline_asm_elementwise(
-        "multimem.st.relaxed.sys.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0;",
-        "=r,l,r,r,r,r",
-        args=[addr, w0, w1, w2, w3],
+        "{ .reg .pred p; setp.ne.b32 p, $6, 0; "
+        "@p multimem.st.relaxed.sys.global.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0; }",
+        "=r,l,r,r,r,r,r",
+        args=[addr, w0, w1, w2, w3, stored],
         dtype=tl.int32, is_pure=False, pack=1)

@@ -7,7 +7,8 @@ One kernel source, specialized by constexprs into the four publishes of the prot
   (LL) to every rank, into ``[gen][RANK][t]``.
 - ``MULTICAST``: LL stores once to the multicast mapping; otherwise one store per destination
   through the table of peer addresses.
-Grid: (tokens, HIDDEN // BLOCK); BLOCK divides HIDDEN so every store is a whole 16-byte fragment.
+Grid: (tokens, CHUNKS): the row in aligned chunks of BLOCK columns (``plan.row_chunks``), the last
+one masked where BLOCK does not divide HIDDEN; every store is a whole 16-byte fragment.
 """
 
 import triton
@@ -21,8 +22,9 @@ from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
 @triton.jit
 def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
                        HIDDEN: tl.constexpr, TOP_K: tl.constexpr, FINALIZE: tl.constexpr, ON_GPU: tl.constexpr):
-    """bf16 bits of a rank's contribution to ``token`` at columns ``h`` (whole 16-byte fragments):
-    ``x``, or the MoE finalize (then ``x_ptr`` is the shared expert output); zero canonicalized."""
+    """bf16 bits of a rank's contribution to ``token`` at columns ``h`` (whole 16-byte fragments;
+    columns past HIDDEN read as +0): ``x``, or the MoE finalize (then ``x_ptr`` is the shared expert
+    output); zero canonicalized."""
     if FINALIZE:
         acc = tl.zeros(h.shape, tl.float32)
         for k in tl.static_range(TOP_K):
@@ -32,10 +34,10 @@ def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
             values = tl.load(gemm2_ptr + row.to(tl.int64) * HIDDEN + h, mask=routed & (h < HIDDEN), other=0)
             # A route this rank does not hold is skipped, not multiplied by zero.
             acc = tl.where(routed, ptx.fma_rn(bf16_to_f32(values), weight, acc, ON_GPU), acc)
-        shared = tl.load(x_ptr + token * HIDDEN + h)
-        contribution = f32_to_bf16(acc + bf16_to_f32(shared))
+        shared = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
+        contribution = f32_to_bf16(acc + bf16_to_f32(shared), ON_GPU)
     else:
-        contribution = tl.load(x_ptr + token * HIDDEN + h)
+        contribution = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
     return canonical_zero(contribution)
 
 
@@ -67,10 +69,10 @@ def publish_kernel(
     if BT:
         slot = ((gen * TP + RANK) * slots + token // TP) * HIDDEN
         owner = lamport.peer_pointer(peer_table_ptr, token % TP)
-        tl.store(owner + slot + h, contribution)
+        tl.store(owner + slot + h, contribution, mask=h < HIDDEN)
     else:
         slot = ((gen * TP + RANK) * slots + token) * HIDDEN + chunk * BLOCK
-        lamport.broadcast(contribution, slot, peer_table_ptr, multicast_address, TP, BLOCK, MULTICAST)
+        lamport.broadcast(contribution, slot, h < HIDDEN, peer_table_ptr, multicast_address, TP, BLOCK, MULTICAST)
 
     if (token == 0) & (chunk == 0):
         tl.store(state_ptr + lamport.STATE_ACTIVE, generation)

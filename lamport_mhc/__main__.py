@@ -19,13 +19,18 @@ def _info(args) -> int:
         print(line)
     device = torch.device("cuda", 0) if info.gpus else torch.device("cpu")
     spec = BuildSpec(hidden=args.hidden, hc=args.hc, capacity=args.capacity, top_k=args.top_k,
-                     tp=max(2, len(info.gpus)), rank=0)
+                     tp=args.tp or max(2, len(info.gpus)), rank=0)
     print(f"backends for tp={spec.tp} H={spec.hidden} hc={spec.hc} on {device}:")
     for name, answer in support_table(spec, device).items():
         print(f"  {name:7s} {'yes' if answer.ok else 'no: ' + answer.reason}")
     print("  torch   yes (unfused: gather + torch ops, any process group)")
-    preset = presets.lookup(presets.gpu_family(info.capability), spec.tp, spec.hidden)
-    print(f"LL -> BT from {preset.bt_min_rows} rows (finalize {preset.bt_min_finalize_rows}); "
+    family = presets.gpu_family(info.capability)
+    for line in presets.describe(family, spec.tp, spec.hidden):
+        print(line)
+    preset = presets.lookup(family, spec.tp, spec.hidden)
+    def rows(n):
+        return "never" if n >= presets.NEVER else f"{n} rows"
+    print(f"LL -> BT from {rows(preset.bt_min_rows)} (finalize {rows(preset.bt_min_finalize_rows)}); "
           f"auto prefers {', '.join(preset.backends)}; source: {preset.source}")
     for variant, ranges in preset.routes.items():
         print(f"  auto {variant:8s} " + ", ".join(f"M <= {up_to}: {backend}" for up_to, backend in ranges[:-1])
@@ -60,9 +65,30 @@ def _ptx(args) -> int:
 
 
 def _presets(args) -> int:
-    from .presets import suggest
-    for line in suggest(args.csv, args.family):
-        print(line)
+    from pathlib import Path
+
+    from . import presets
+
+    family = args.family or presets.family_of_csv(args.csv)
+    if family is None:
+        print(f"cannot tell the GPU family from the name {args.csv!r} (<gpu>_tp<N>.csv): pass --family",
+              file=sys.stderr)
+        return 2
+    if args.write is None:
+        for line in presets.suggest(args.csv, family, args.hc):
+            print(line)
+        return 0
+    rows = presets.derive_all(args.csv, family, source=str(Path(args.csv).resolve()), hc=args.hc)
+    if not rows:
+        print(f"{args.csv} has no fused rows at hc={args.hc}: nothing to write", file=sys.stderr)
+        return 2
+    target = Path(args.write) if args.write else presets.default_file()
+    held = presets.write_file(target, rows)
+    for family_, tp, hidden in rows:
+        print(f"wrote {family_} tp={tp} H={hidden} from {args.csv}")
+    print(f"{target}: {len(held)} rows; auto reads it "
+          + ("from this default location" if not args.write else f"with {presets.PRESETS_ENV}={target} or "
+             f"AllReduceMHCConfig(presets_file=...)"))
     return 0
 
 
@@ -121,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--hc", type=int, default=4)
     info.add_argument("--top-k", type=int, default=6)
     info.add_argument("--capacity", type=int, default=2048)
+    info.add_argument("--tp", type=int, default=None, help="group size (default: the GPUs here, at least 2)")
     info.set_defaults(run=_info)
 
     demo = commands.add_parser("demo", help="run the op against the CPU reference and print a table "
@@ -150,9 +177,15 @@ def main(argv: list[str] | None = None) -> int:
                                               "GPU); options: python -m lamport_mhc bench --help", add_help=False)
     bench.set_defaults(run=lambda args: _bench(args))
 
-    suggest = commands.add_parser("presets", help="preset rows (LL -> BT thresholds) derived from a bench CSV")
+    suggest = commands.add_parser("presets", help="preset rows (routes, LL -> BT thresholds) derived from a bench "
+                                                  "CSV: printed as table rows, or written to a presets file")
     suggest.add_argument("csv")
-    suggest.add_argument("--family", default="hopper", help="GPU family the CSV was measured on")
+    suggest.add_argument("--family", default=None,
+                         help="GPU family the CSV was measured on (default: from its name, e.g. h200 -> hopper)")
+    suggest.add_argument("--hc", type=int, default=4, help="the rows of this many residual streams")
+    suggest.add_argument("--write", nargs="?", const="", default=None, metavar="PATH",
+                         help="write the rows into a presets file (default: ~/.cache/lamport_mhc/presets.json), "
+                              "keeping its rows for other keys")
     suggest.set_defaults(run=_presets)
 
     ptx = commands.add_parser("ptx", help="compile every kernel of a build offline and write one .ptx per kernel")

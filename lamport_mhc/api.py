@@ -9,12 +9,22 @@ from dataclasses import replace
 import torch
 
 from . import presets, validate
-from .backend import BuildSpec, load_backend
+from .backend import LOCAL, BuildSpec, load_backend
 from .call import Call
 from .config import AllReduceMHCConfig
 from .paths import FusedPath, TorchPath
 from .selector import Thresholds, choose_protocol, cross_check, pick_backends, support_table
 from .workspace import allocate
+
+
+def stream_capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph (a CPU device never is)."""
+    if device.type != "cuda":
+        return False
+    if device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_current_stream_capturing()
 
 
 class AllReduceMHC:
@@ -45,13 +55,13 @@ class AllReduceMHC:
             self.device = device = torch.device("cuda", torch.cuda.current_device())
 
         capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        self.preset = presets.lookup(presets.gpu_family(capability), tp, hidden_size)
+        self.preset = presets.lookup(presets.gpu_family(capability), tp, hidden_size, self.config.presets_file)
         self.thresholds = Thresholds(self.config.bt_min_rows or self.preset.bt_min_rows,
                                      self.config.bt_min_finalize_rows or self.preset.bt_min_finalize_rows)
         self.spec = BuildSpec(
             hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=rank,
             quantize=quantize_layer_input, residual_only=residual_only,
-            bt=self.thresholds.bt_reachable(max_num_tokens),
+            bt=tp > 1 and self.thresholds.bt_reachable(max_num_tokens),
             use_pdl=self.config.use_pdl, spin_timeout_ns=self.config.spin_timeout_ns,
             ll_one_kernel_rows=self._ll_one_kernel_rows(max_num_tokens))
 
@@ -112,9 +122,12 @@ class AllReduceMHC:
         return self.path.spec.transport if isinstance(self.path, FusedPath) else None
 
     def protocol(self, m: int, finalize: bool = False) -> str:
-        """The protocol a call of ``m`` rows takes ("ll" or "bt"); "gather" on the torch path."""
+        """The protocol a call of ``m`` rows takes: "ll" or "bt", "local" in a group of one (no
+        all-reduce: one kernel, no mailbox); "gather" on the torch path."""
         if isinstance(self.path, TorchPath):
             return "gather"
+        if self.spec.tp == 1:
+            return LOCAL
         return choose_protocol("finalize" if finalize else "plain", m, self.thresholds, self.spec.bt)
 
     def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps, mxfp8_out=None):
@@ -139,7 +152,27 @@ class AllReduceMHC:
         return self._run(call)
 
     def check(self) -> None:
-        """Raise RuntimeError if a spin loop of an earlier call gave up (spin_timeout_ms)."""
+        """Raise RuntimeError if a spin loop of an earlier call (eager or replayed in a CUDA graph)
+        gave up (spin_timeout_ms). Synchronizes with the device first, so every kernel launched so
+        far is covered, except while a CUDA graph is being captured, where it only reads what the
+        host sees already. After an error every call and check raises: rebuild on every rank."""
+        if self._broken:
+            raise RuntimeError(self._broken)
+        if self.device.type == "cuda" and not stream_capturing(self.device):
+            torch.cuda.synchronize(self.device)
+        self._raise_recorded_timeout()
+
+    def _ready(self) -> None:
+        """Before a call: raise if the instance is broken or (with the spin bound) if a kernel has
+        recorded a timeout the host can see: a read of pinned host memory, no synchronization. A
+        call being captured into a CUDA graph looks at nothing: the check belongs to the replay's
+        caller, at its next eager call or ``check()``."""
+        if self._broken:
+            raise RuntimeError(self._broken)
+        if self.spec.spin_timeout_ns and not stream_capturing(self.device):
+            self._raise_recorded_timeout()
+
+    def _raise_recorded_timeout(self) -> None:
         for path in (self.path, self.check_path):
             if isinstance(path, FusedPath):
                 try:
@@ -147,12 +180,6 @@ class AllReduceMHC:
                 except RuntimeError as error:
                     self._broken = str(error)
                     raise
-
-    def _ready(self) -> None:
-        if self._broken:
-            raise RuntimeError(self._broken)
-        if self.spec.spin_timeout_ns:
-            self.check()
 
     def _run(self, call: Call):
         with self._on_device():

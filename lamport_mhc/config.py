@@ -23,14 +23,24 @@ class AllReduceMHCConfig:
     bt_min_rows / bt_min_finalize_rows: calls of at least this many rows use the two-shot BT
     protocol; None takes the preset of this machine (``lamport_mhc.presets``).
     cross_check: also run ``cross_check_backend`` on every call and raise on the first differing bit.
-    spin_timeout_ms: bound every spin loop; an expired wait raises RuntimeError at the next call
-    (or ``check()``), which then synchronizes with the device. None: wait forever (production).
+    spin_timeout_ms: bound every spin loop, turning a lost peer into a RuntimeError instead of a
+    hang; cheap enough to keep on in production, CUDA graphs included. Cost: a clock read per poll
+    iteration on the GPU; per call on the host, a read of pinned host memory (no copy, no
+    synchronization; none at all while a graph is being captured). A poll that gives up records
+    the rank, generation and token it waited for; the error surfaces at the first eager call (or
+    ``check()``, which synchronizes first) made after the kernel that gave up has run, replayed
+    graphs included, and never inside capture. Calls are asynchronous, so an eager call may still
+    run behind a kernel that has not given up yet; the one after it raises. From then on the
+    instance raises on every call: rebuild it on every rank. None: wait forever.
     ll_one_kernel_max_rows: LL calls of at most this many rows run as one kernel (publish and
     consumer fused; the lowest latency). None: the GPU's SM count, the most for which every program
     is resident at once, as each waits for its twins on the other ranks; 0: always two kernels.
     Ranks may differ: both forms write the same mailbox slots and advance the same generation.
     check_index_range: validate finalize's expert indices against the GEMM2 rows before launching
     (reads them on the host: a device synchronization per call, not allowed in graph capture).
+    presets_file: a presets file (``python -m lamport_mhc presets CSV --write PATH``) whose rows
+    override the built-in presets; None: LAMPORT_MHC_PRESETS, else ~/.cache/lamport_mhc/presets.json
+    where it exists (``lamport_mhc.presets``).
     """
 
     backend: str = "auto"
@@ -43,6 +53,7 @@ class AllReduceMHCConfig:
     use_pdl: bool = True
     check_index_range: bool = False
     ll_one_kernel_max_rows: int | None = None
+    presets_file: str | os.PathLike | None = None
 
     def __post_init__(self):
         if self.backend not in BACKEND_CHOICES:
@@ -58,6 +69,8 @@ class AllReduceMHCConfig:
         rows = self.ll_one_kernel_max_rows
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
             raise ValueError(f"ll_one_kernel_max_rows must be an int >= 0 or None, got {rows!r}")
+        if self.presets_file is not None and not isinstance(self.presets_file, (str, os.PathLike)):
+            raise ValueError(f"presets_file must be a path or None, got {self.presets_file!r}")
         if self.spin_timeout_ms is not None and not (
                 isinstance(self.spin_timeout_ms, (int, float)) and math.isfinite(self.spin_timeout_ms)
                 and self.spin_timeout_ms > 0):

@@ -21,9 +21,18 @@ STATE_ACTIVE = 1
 STATE_ARRIVED = 2
 STATE_WORDS = 3
 
-# Device error word written by a spin loop that gave up (spin_timeout_ms):
-# [flag (1 = timed out), source rank waited for (-1: reduced sum), generation, token].
-ERROR_WORDS = 4
+# Spin-timeout record (spin_timeout_ms): [flag (1 = timed out), source rank waited for (-1: the
+# reduced sum), generation, token]. The first poll of a rank to give up claims the device error
+# buffer's flag with an atomic CAS (device memory: no host atomics needed) and writes the record
+# there and to the host mirror, a pinned host copy the host reads with no device copy and no
+# synchronization (inside CUDA graphs too). Into the mirror it stores the record, a system-scope
+# fence, then the flag: a host that sees the flag sees the record.
+RECORD_WORDS = 4
+# The device error buffer: the record, then (words 4-5, int64, 8-byte aligned) the address through
+# which kernels reach the host mirror (0: no mirror). Stored in the buffer, not passed to the
+# kernels, so their signatures do not depend on it.
+ERROR_WORDS = 6
+ERROR_MIRROR_ADDRESS = 2  # index of the mirror address in the buffer viewed as int64
 
 # MXFP8: one UE8M0 scale per 32 values, scales in FlashInfer's swizzled 128x4 tiles.
 MXFP8_BLOCK = 32

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from . import reference
-from .backend import BuildSpec, Kernels
+from .backend import LOCAL, BuildSpec, Kernels
 from .call import Call
 from .selector import Thresholds, choose_protocol
 from .workspace import Workspace
@@ -16,8 +16,9 @@ from .workspace import Workspace
 
 class FusedPath:
     """publish -> (BT: owner reduce) -> consumer, over one rank's workspace, or one kernel for LL calls
-    of at most ``spec.ll_one_kernel_rows`` rows. The steps are separate so that the simulated group
-    can launch them across ranks in protocol order.
+    of at most ``spec.ll_one_kernel_rows`` rows, or one kernel for every call of a group of one (the
+    local form). The steps are separate so that the simulated group can launch them across ranks in
+    protocol order.
 
     ``kernels`` maps backend names to their kernels, all built over ``workspace``; ``route(call)``
     names the backend of each call (default: the only one). Every backend writes the same mailboxes
@@ -39,10 +40,15 @@ class FusedPath:
         return self.route(call) if self.route is not None else next(iter(self.kernels))
 
     def protocol(self, call: Call) -> str:
+        if self.spec.tp == 1:
+            return LOCAL
         return choose_protocol(call.kind, call.m, self.thresholds, self.spec.bt)
 
     def run(self, call: Call) -> None:
         protocol, kernels = self.protocol(call), self.kernels[self.backend(call)]
+        if protocol == LOCAL:
+            kernels.local(call)
+            return
         if self._one_kernel(kernels, call, protocol):
             kernels.publish_and_consume(call)
             return
@@ -53,14 +59,18 @@ class FusedPath:
 
     # The steps one at a time, for the simulated group, which launches each across all ranks in turn.
     def publish(self, call: Call, protocol: str) -> None:
-        self._publish(self.kernels[self.backend(call)], call, protocol)
+        if protocol != LOCAL:
+            self._publish(self.kernels[self.backend(call)], call, protocol)
 
     def reduce(self, call: Call, protocol: str) -> None:
         if protocol == "bt":
             self.kernels[self.backend(call)].owner_reduce(call.m)
 
     def consume(self, call: Call, protocol: str) -> None:
-        self._consume(self.kernels[self.backend(call)], call, protocol)
+        if protocol == LOCAL:
+            self.kernels[self.backend(call)].local(call)
+        else:
+            self._consume(self.kernels[self.backend(call)], call, protocol)
 
     @staticmethod
     def _one_kernel(kernels: Kernels, call: Call, protocol: str) -> bool:
@@ -82,7 +92,8 @@ class FusedPath:
             kernels.consume(protocol, call.consumer)
 
     def raise_on_timeout(self) -> None:
-        """Raise if a spin loop gave up (spin_timeout_ms); synchronizes with the device."""
+        """Raise if a spin loop gave up (spin_timeout_ms), as far as the host sees now: reads the
+        workspace's host mirror of the record, with no device copy and no synchronization."""
         record = self.workspace.read_error()
         if record is not None:
             source, generation, token = record

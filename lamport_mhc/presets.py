@@ -2,15 +2,25 @@
 each range of M, and the LL -> BT crossovers.
 
 Rows are derived from a benchmark CSV by ``python -m lamport_mhc presets CSV`` (``suggest``) and name
-the file that justifies them. Without a row for this machine, ``auto`` takes the first backend of
-FALLBACK that runs here and FlashInfer's own measured crossover for H5120 TP4 (GB200,
+the file that justifies them. They come from two places: the built-in table below, and a presets
+file written where the benchmark ran (``python -m lamport_mhc presets CSV --write [PATH]``), whose
+rows override the table's for their keys. The file is ``AllReduceMHCConfig.presets_file``, else the
+environment variable LAMPORT_MHC_PRESETS, else ``~/.cache/lamport_mhc/presets.json`` where it exists
+(``$XDG_CACHE_HOME`` replaces ``~/.cache``). Without a row for this machine, ``auto`` takes the first
+backend of FALLBACK that runs here and FlashInfer's own measured crossover for H5120 TP4 (GB200,
 ``flashinfer/comm/mnnvl_cutedsl/presets.py`` 0.7.2: LL up to 36 rows, finalize up to 42).
+
+At tp = 1 the benchmark's fused rows are ``<backend>-local`` (one protocol, no mailbox): their rows
+route M ranges by backend and never take BT.
 """
 
 from __future__ import annotations
 
 import csv
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .backend import FUSED_BACKENDS as BACKENDS
 from .backend import PROTOCOLS
@@ -77,28 +87,116 @@ def gpu_family(capability: tuple[int, int] | None) -> str:
     return {9: "hopper", 10: "blackwell", 12: "blackwell-consumer"}.get(capability[0], f"sm{capability[0]}x")
 
 
-def lookup(family: str, tp: int, hidden: int) -> Preset:
-    return PRESETS.get((family, tp, hidden), FALLBACK)
+def lookup(family: str, tp: int, hidden: int, path=None) -> Preset:
+    """The preset of a build: the presets file's row for the key, else the built-in table's, else
+    FALLBACK. ``path``: the presets file to read (None: LAMPORT_MHC_PRESETS, then the default file)."""
+    return resolve(family, tp, hidden, path)[0]
+
+
+# -- presets files ------------------------------------------------------------------------------------
+PRESETS_ENV = "LAMPORT_MHC_PRESETS"
+FILE_FORMAT = "lamport_mhc presets 1"
+
+
+def default_file() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "lamport_mhc" / "presets.json"
+
+
+def presets_file(path=None) -> tuple[Path | None, str]:
+    """The presets file in force and why: the given path, else LAMPORT_MHC_PRESETS, else the default
+    location when a file is there; (None, "none") without one. A named file must exist."""
+    for given, origin in ((path, "AllReduceMHCConfig.presets_file"), (os.environ.get(PRESETS_ENV), PRESETS_ENV)):
+        if given:
+            file = Path(given).expanduser()
+            if not file.is_file():
+                raise ValueError(f"presets file {str(file)!r} ({origin}) does not exist; write one with "
+                                 f"python -m lamport_mhc presets CSV --write {given}")
+            return file, origin
+    file = default_file()
+    return (file, "the default location") if file.is_file() else (None, "none")
+
+
+def read_file(path) -> dict[tuple[str, int, int], Preset]:
+    """The rows of a presets file, by (GPU family, tp, hidden)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != FILE_FORMAT:
+            raise ValueError(f"format {data.get('format')!r} is not {FILE_FORMAT!r}")
+        return {(r["family"], int(r["tp"]), int(r["hidden"])): Preset(
+                    bt_min_rows=int(r["bt_min_rows"]), bt_min_finalize_rows=int(r["bt_min_finalize_rows"]),
+                    backends=tuple(r["backends"]), source=r["source"],
+                    routes={v: tuple((int(up_to), b) for up_to, b in ranges) for v, ranges in r["routes"].items()})
+                for r in data["rows"]}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"presets file {str(path)!r} cannot be read: {error}") from None
+
+
+def write_file(path, rows: dict[tuple[str, int, int], Preset]) -> dict[tuple[str, int, int], Preset]:
+    """Write ``rows`` into the presets file at ``path``, keeping the rows it already has for other
+    keys; returns every row the file now holds."""
+    path = Path(path).expanduser()
+    merged = {**(read_file(path) if path.is_file() else {}), **rows}
+    text = json.dumps({"format": FILE_FORMAT, "rows": [
+        {"family": family, "tp": tp, "hidden": hidden, "bt_min_rows": p.bt_min_rows,
+         "bt_min_finalize_rows": p.bt_min_finalize_rows, "backends": list(p.backends), "source": p.source,
+         "routes": {v: [list(r) for r in ranges] for v, ranges in p.routes.items()}}
+        for (family, tp, hidden), p in sorted(merged.items())]}, indent=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    return merged
+
+
+def resolve(family: str, tp: int, hidden: int, path=None) -> tuple[Preset, str]:
+    """``lookup`` and where its answer came from ("file <path> (<why>)", "built-in table" or "fallback")."""
+    file, origin = presets_file(path)
+    if file is not None:
+        preset = read_file(file).get((family, tp, hidden))
+        if preset is not None:
+            return preset, f"file {file} ({origin})"
+    if (family, tp, hidden) in PRESETS:
+        return PRESETS[(family, tp, hidden)], "built-in table"
+    return FALLBACK, "fallback"
+
+
+def describe(family: str, tp: int, hidden: int, path=None) -> list[str]:
+    """What ``info`` prints about the presets in force for one key."""
+    file, origin = presets_file(path)
+    if file is None:
+        lines = [f"presets: no presets file ({PRESETS_ENV} unset, none at {default_file()}); built-in table: "
+                 f"{len(PRESETS)} rows"]
+    else:
+        keys = ", ".join(f"{f} tp={t} H={h}" for f, t, h in sorted(read_file(file)))
+        lines = [f"presets: file {file} ({origin}) with rows {keys or 'none'}; they override the built-in "
+                 f"table ({len(PRESETS)} rows)"]
+    _, where = resolve(family, tp, hidden, path)
+    return lines + [f"preset for {family} tp={tp} H={hidden}: {where}"]
 
 
 # -- derivation from a benchmark CSV ------------------------------------------------------------------
-def _times(rows: list[dict], hidden: int, variant: str) -> dict[int, dict[str, float]]:
-    """M -> {path: us_median} of the fused backend paths (``<backend>-ll`` / ``<backend>-bt``)."""
-    paths = {f"{b}-{p}" for b in BACKENDS for p in PROTOCOLS}
+LOCAL = "local"  # the one protocol of a group of one
+HC = 4
+
+
+def _times(rows: list[dict], hidden: int, variant: str, hc: int = HC) -> dict[int, dict[str, float]]:
+    """M -> {path: us_median} of the fused backend paths (``<backend>-ll`` / ``-bt`` / ``-local``) at
+    ``hc`` streams (rows of CSVs without an hc column count as hc = 4)."""
+    paths = {f"{b}-{p}" for b in BACKENDS for p in PROTOCOLS + (LOCAL,)}
     times: dict[int, dict[str, float]] = {}
     for row in rows:
-        if int(row["hidden"]) == hidden and row["variant"] == variant and row["path"] in paths:
+        if (int(row["hidden"]) == hidden and row["variant"] == variant and row["path"] in paths
+                and int(row.get("hc") or HC) == hc):
             times.setdefault(int(row["m"]), {})[row["path"]] = float(row["us_median"])
     return times
 
 
-def routes(rows: list[dict], hidden: int, variant: str) -> tuple[tuple[int, str], ...]:
-    """Backend per M range: at each measured M the backend whose faster protocol is fastest, except
+def routes(rows: list[dict], hidden: int, variant: str, hc: int = HC) -> tuple[tuple[int, str], ...]:
+    """Backend per M range: at each measured M the backend whose fastest protocol is fastest, except
     that the previous M's backend stays while it is within KEEP_WITHIN of it."""
+    protocols = PROTOCOLS + (LOCAL,)
     ranges: list[list] = []
-    for m, paths in sorted(_times(rows, hidden, variant).items()):
-        best = {b: min(paths[f"{b}-{p}"] for p in PROTOCOLS if f"{b}-{p}" in paths)
-                for b in BACKENDS if any(f"{b}-{p}" in paths for p in PROTOCOLS)}
+    for m, paths in sorted(_times(rows, hidden, variant, hc).items()):
+        best = {b: min(paths[f"{b}-{p}"] for p in protocols if f"{b}-{p}" in paths)
+                for b in BACKENDS if any(f"{b}-{p}" in paths for p in protocols)}
         if not best:
             continue
         fastest = min(best, key=best.get)
@@ -112,12 +210,13 @@ def routes(rows: list[dict], hidden: int, variant: str) -> tuple[tuple[int, str]
     return tuple((up_to, backend) for up_to, backend in ranges)
 
 
-def crossover(rows: list[dict], hidden: int, variant: str, route=None) -> int | None:
+def crossover(rows: list[dict], hidden: int, variant: str, route=None, hc: int = HC) -> int | None:
     """The smallest measured M from which BT is as fast as LL (within KEEP_WITHIN) at every larger
     measured M, each M compared on the backend its route names (default: triton); None when LL always
-    wins. BT moves half the bytes of LL per rank, so where the two are level it is the one to grow into."""
+    wins or was not measured (tp = 1). BT moves half the bytes of LL per rank, so where the two are
+    level it is the one to grow into."""
     threshold = None
-    for m, paths in sorted(_times(rows, hidden, variant).items(), reverse=True):
+    for m, paths in sorted(_times(rows, hidden, variant, hc).items(), reverse=True):
         backend = route_backend(route, m) if route else "triton"
         ll, bt = paths.get(f"{backend}-ll"), paths.get(f"{backend}-bt")
         if ll is None or bt is None:
@@ -128,23 +227,44 @@ def crossover(rows: list[dict], hidden: int, variant: str, route=None) -> int | 
     return threshold
 
 
-def derive(rows: list[dict], tp: int, hidden: int, source: str) -> Preset:
+def derive(rows: list[dict], tp: int, hidden: int, source: str, hc: int = HC) -> Preset:
     subset = [r for r in rows if int(r["tp"]) == tp]
-    table = {v: r for v in VARIANTS if (r := routes(subset, hidden, v))}
-    plain = crossover(subset, hidden, "plain", table.get("plain"))
-    final = crossover(subset, hidden, "finalize", table.get("finalize"))
+    table = {v: r for v in VARIANTS if (r := routes(subset, hidden, v, hc))}
+    plain = crossover(subset, hidden, "plain", table.get("plain"), hc)
+    final = crossover(subset, hidden, "finalize", table.get("finalize"), hc)
     preference = tuple(sorted(BACKENDS, key=lambda b: -sum(up == b for rs in table.values() for _, up in rs)))
     return Preset(bt_min_rows=plain or NEVER, bt_min_finalize_rows=final or NEVER, backends=preference,
                   source=source, routes=table)
 
 
-def suggest(csv_path: str, family: str) -> list[str]:
-    """PRESETS rows (as source lines) derived from a ``python -m lamport_mhc bench`` CSV."""
+def _csv_rows(csv_path) -> list[dict]:
     with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+        return list(csv.DictReader(f))
+
+
+def derive_all(csv_path, family: str, source: str | None = None, hc: int = HC) -> dict[tuple[str, int, int], Preset]:
+    """A preset per (tp, hidden) of a bench CSV (those with fused rows at ``hc``), keyed for ``family``."""
+    rows = _csv_rows(csv_path)
+    source = source or str(csv_path)
+    keys = sorted({(int(r["tp"]), int(r["hidden"])) for r in rows})
+    derived = {(family, tp, hidden): derive(rows, tp, hidden, source, hc) for tp, hidden in keys}
+    return {key: p for key, p in derived.items() if p.routes}
+
+
+GPU_FAMILIES = {"h100": "hopper", "h200": "hopper", "h800": "hopper", "h20": "hopper", "gh200": "hopper",
+                "b200": "blackwell", "b300": "blackwell", "gb200": "blackwell", "gb300": "blackwell"}
+
+
+def family_of_csv(csv_path) -> str | None:
+    """The GPU family of a bench CSV from its name (``<gpu>_tp<N>.csv``, e.g. h200 -> hopper)."""
+    gpu = Path(csv_path).stem.split("_tp")[0].split("-")[0].lower()
+    return GPU_FAMILIES.get(gpu)
+
+
+def suggest(csv_path: str, family: str, hc: int = HC) -> list[str]:
+    """PRESETS rows (as source lines) derived from a ``python -m lamport_mhc bench`` CSV."""
     lines = []
-    for tp, hidden in sorted({(int(r["tp"]), int(r["hidden"])) for r in rows}):
-        p = derive(rows, tp, hidden, csv_path)
+    for (_, tp, hidden), p in derive_all(csv_path, family, hc=hc).items():
         routes_text = ",\n                ".join(
             f'"{variant}": (' + " ".join(f'({up_to}, "{backend}"),' for up_to, backend in ranges) + ")"
             for variant, ranges in p.routes.items())

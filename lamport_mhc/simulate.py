@@ -26,7 +26,7 @@ class SimulatedGroup:
     def __init__(self, tp: int, *, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int,
                  backend: str = "triton", quantize_layer_input: bool = False, residual_only: bool = False,
                  bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
-                 ll_one_kernel_rows: int | None = None):
+                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None):
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tp must be a positive int, got {tp!r}")
         if backend not in SIMULATED_BACKENDS:
@@ -40,6 +40,10 @@ class SimulatedGroup:
         # as its publish and consume halves (None: every LL call; 0: none).
         if ll_one_kernel_rows is not None and (not isinstance(ll_one_kernel_rows, int) or ll_one_kernel_rows < 0):
             raise ValueError(f"ll_one_kernel_rows must be an int >= 0 or None, got {ll_one_kernel_rows!r}")
+        # split_rows: calls of at most this many rows take the kernels' latency form (a token spread
+        # over several programs, for rows of several chunks); None: never.
+        if split_rows is not None and (not isinstance(split_rows, int) or split_rows < 0):
+            raise ValueError(f"split_rows must be an int >= 0 or None, got {split_rows!r}")
         # Without thresholds the simulated group runs LL only (there is no machine to measure).
         never = max_num_tokens + 1
         self.thresholds = Thresholds(bt_min_rows or never, bt_min_finalize_rows or never)
@@ -48,8 +52,9 @@ class SimulatedGroup:
         self.device = torch.device("cpu")
         self.specs = [BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp,
                                 rank=rank, quantize=quantize_layer_input, residual_only=residual_only,
-                                bt=self.thresholds.bt_reachable(max_num_tokens),
-                                ll_one_kernel_rows=max_num_tokens if ll_one_kernel_rows is None else ll_one_kernel_rows)
+                                bt=tp > 1 and self.thresholds.bt_reachable(max_num_tokens),
+                                ll_one_kernel_rows=max_num_tokens if ll_one_kernel_rows is None else ll_one_kernel_rows,
+                                split_rows=split_rows)
                       for rank in range(tp)]
         self.workspaces = allocate_host_group(self.specs)
         if backend == "torch":

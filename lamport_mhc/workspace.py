@@ -6,6 +6,12 @@ unused) and the ``[next, active]`` generation state. ``allocate`` builds them in
 collectively over a process group; ``allocate_host_group`` builds the host twin of a whole TP group
 for the simulated group, with the same layouts and tables of host addresses.
 
+The spin-timeout record (``layout.RECORD_WORDS``) lives twice: in the device error buffer, whose
+flag the kernels claim with an atomic CAS, and in a host mirror (pinned host memory on GPUs) whose
+address the error buffer holds. The host reads only the mirror: no device copy, no synchronization,
+so a call may look at it while a CUDA graph is being captured, and it sees what a replayed graph's
+kernels recorded.
+
 Layouts (int16 views of bf16 slots, filled with the sentinel):
 - LL contributions  ``[3][tp][capacity][hidden]``, written by every rank;
 - BT contributions  ``[3][tp][ceil(capacity / tp)][hidden]``, written by the ranks to the owner;
@@ -15,6 +21,9 @@ A group of one (the local form) has no mailbox at all: only the state and error 
 
 from __future__ import annotations
 
+import contextlib
+
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -40,8 +49,14 @@ class Workspace:
     bt: Mailbox | None = None
     bt_sums: Mailbox | None = None
     bt_state: torch.Tensor | None = None
-    error: torch.Tensor = None    # int32 [ERROR_WORDS]
+    error: torch.Tensor = None    # int32 [ERROR_WORDS], device: the claimed record + the mirror's address
+    error_mirror: torch.Tensor = None  # int32 [RECORD_WORDS], host (pinned on GPUs): what the host reads
     _keepalive: list = field(default_factory=list, repr=False)
+    _mirror_words: object = field(default=None, init=False, repr=False)  # numpy view of error_mirror
+
+    def __post_init__(self):
+        if self.error_mirror is not None:
+            self._mirror_words = self.error_mirror.numpy()  # each index reads the memory anew
 
     def state(self, protocol: str) -> torch.Tensor:
         return self.bt_state if protocol == "bt" else self.ll_state
@@ -52,17 +67,67 @@ class Workspace:
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """Copies of all mutable state, for checking that a rejected call touched nothing."""
-        tensors = {"ll_state": self.ll_state, "error": self.error}
+        tensors = {"ll_state": self.ll_state, "error": self.error, "error_mirror": self.error_mirror}
         if self.ll is not None:
             tensors["ll"] = self.ll.local
         if self.bt is not None:
             tensors.update(bt=self.bt.local, bt_sums=self.bt_sums.local, bt_state=self.bt_state)
         return {name: tensor.clone() for name, tensor in tensors.items()}
 
-    def read_error(self) -> tuple[int, int, int, int] | None:
-        """The spin-timeout record (source rank, generation, token) if a kernel gave up waiting."""
-        flag, source, generation, token = (int(v) for v in self.error.tolist())
-        return (source, generation, token) if flag else None
+    def read_error(self) -> tuple[int, int, int] | None:
+        """The spin-timeout record (source rank, generation, token) if a kernel gave up waiting, as
+        far as the host sees now: a read of the host mirror, never of device memory, so it costs no
+        copy and no synchronization and is allowed during CUDA-graph capture. A kernel still
+        running may record later; ``torch.cuda.synchronize`` first to cover every launched kernel."""
+        words = self._mirror_words
+        if not words[0]:
+            return None
+        # The flag first: the kernel stores it last, after a system-scope fence. A lock's atomic
+        # read-modify-write keeps the record's loads after the flag's on weakly ordered hosts (Arm).
+        with _HOST_FENCE:
+            pass
+        return int(words[1]), int(words[2]), int(words[3])
+
+
+_HOST_FENCE = threading.Lock()
+
+
+def error_buffers(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed error buffer on ``device`` holding the address of a zeroed host mirror, and the
+    mirror: pinned on a GPU (the current device), a plain host tensor for the simulated group."""
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    mirror = torch.zeros(layout.RECORD_WORDS, dtype=torch.int32, pin_memory=on_gpu)
+    address = mapped_address(mirror) if on_gpu else mirror.data_ptr()
+    words = torch.zeros(layout.ERROR_WORDS, dtype=torch.int32)
+    words.view(torch.int64)[layout.ERROR_MIRROR_ADDRESS] = address
+    return words.to(device), mirror
+
+
+# CUDA driver: cuPointerGetAttribute and CU_POINTER_ATTRIBUTE_DEVICE_POINTER.
+_DEVICE_POINTER = 3
+
+
+def mapped_address(host: torch.Tensor) -> int:
+    """The address by which kernels reach the pinned host tensor ``host``. Under unified addressing
+    it is the host address for ``cudaHostAlloc`` memory (torch's default pinned allocator), but
+    not always for registered memory (``pinned_use_cuda_host_register``): the driver says which,
+    as Triton's launcher asks it for every pointer argument."""
+    import ctypes
+
+    if not host.is_pinned():
+        raise ValueError("the spin-timeout mirror must be pinned host memory")
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no Linux driver library by that name: unified addressing's identity
+        return host.data_ptr()
+    address = ctypes.c_uint64()
+    status = driver.cuPointerGetAttribute(ctypes.byref(address), ctypes.c_int(_DEVICE_POINTER),
+                                          ctypes.c_uint64(host.data_ptr()))
+    if status != 0 or not address.value:
+        raise RuntimeError(f"the CUDA driver gave no device mapping of the pinned spin-timeout mirror "
+                           f"(cuPointerGetAttribute returned {status})")
+    return address.value
 
 
 def mailbox_shapes(spec: BuildSpec) -> dict[str, tuple[int, ...]]:
@@ -79,24 +144,28 @@ def _sentinel_filled(shape, device) -> torch.Tensor:
     return torch.full(shape, layout.SENTINEL_INT16, dtype=torch.int16, device=device)
 
 
-def allocate_host_group(specs: list[BuildSpec]) -> list[Workspace]:
+def allocate_host_group(specs: list[BuildSpec], device="cpu") -> list[Workspace]:
     """Host mailboxes of a simulated TP group: rank r's tables hold the host addresses of every
-    rank's buffers, exactly as a device table holds peer addresses."""
-    buffers = [{name: _sentinel_filled(shape, "cpu") for name, shape in mailbox_shapes(s).items()}
+    rank's buffers, exactly as a device table holds peer addresses. With a CUDA ``device``, the
+    same group in that one GPU's memory (for tests of what one rank does when its peers do not)."""
+    device = torch.device(device)
+    buffers = [{name: _sentinel_filled(shape, device) for name, shape in mailbox_shapes(s).items()}
                for s in specs]
 
     def mailbox(name: str, rank: int) -> Mailbox:
-        table = torch.tensor([b[name].data_ptr() for b in buffers], dtype=torch.int64)
+        table = torch.tensor([b[name].data_ptr() for b in buffers], dtype=torch.int64, device=device)
         return Mailbox(local=buffers[rank][name], peers=table)
 
     workspaces = []
     for rank, spec in enumerate(specs):
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            error, mirror = error_buffers(device)
         ws = Workspace(tp=spec.tp, rank=rank, transport="peer", ll=mailbox("ll", rank) if spec.tp > 1 else None,
-                       ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32),
-                       error=torch.zeros(layout.ERROR_WORDS, dtype=torch.int32))
+                       ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device),
+                       error=error, error_mirror=mirror)
         if spec.bt:
             ws.bt, ws.bt_sums = mailbox("bt", rank), mailbox("bt_sums", rank)
-            ws.bt_state = torch.zeros(layout.STATE_WORDS, dtype=torch.int32)
+            ws.bt_state = torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device)
         ws._keepalive.append(buffers)  # every rank's tables point into every rank's buffers
         workspaces.append(ws)
     return workspaces
@@ -124,9 +193,11 @@ def allocate(spec: BuildSpec, group, device: torch.device, transport: str) -> Wo
     import torch.distributed as dist
 
     if spec.tp == 1:  # the local form: nothing to share
+        with torch.cuda.device(device):
+            error, mirror = error_buffers(device)
         return Workspace(tp=1, rank=0, transport="peer", ll=None,
                          ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device),
-                         error=torch.zeros(layout.ERROR_WORDS, dtype=torch.int32, device=device))
+                         error=error, error_mirror=mirror)
 
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -154,9 +225,11 @@ def allocate(spec: BuildSpec, group, device: torch.device, transport: str) -> Wo
         for m in mailboxes.values():
             m.multicast = 0
 
+    with torch.cuda.device(device):  # the driver maps the mirror in this device's context
+        error, mirror = error_buffers(device)
     ws = Workspace(tp=spec.tp, rank=spec.rank, transport=transport, ll=mailboxes["ll"],
                    ll_state=torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device),
-                   error=torch.zeros(layout.ERROR_WORDS, dtype=torch.int32, device=device))
+                   error=error, error_mirror=mirror)
     if spec.bt:
         ws.bt, ws.bt_sums = mailboxes["bt"], mailboxes["bt_sums"]
         ws.bt_state = torch.zeros(layout.STATE_WORDS, dtype=torch.int32, device=device)

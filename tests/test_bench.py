@@ -30,8 +30,8 @@ def test_floor_is_the_slower_of_nvlink_and_hbm():
 
 
 def test_summary_lists_the_fastest_fused_path(tmp_path):
-    rows = [dict(tp=2, hidden=5120, variant="plain", m=16, path=p, us_median=us, us_min=us, us_max=us,
-                 floor_us=2.0, ratio_to_floor=us / 2.0, speedup_vs_unfused=None)
+    rows = [dict(tp=2, hc=4, hidden=5120, variant="plain", m=16, path=p, us_median=us, us_min=us, us_max=us,
+                 floor_us=2.0, ratio_to_floor=us / 2.0, speedup_vs_unfused=None, speedup_vs_best=None)
             for p, us in (("triton-ll", 11.0), ("triton-bt", 14.0), ("unfused-nccl", 60.0), ("auto", 10.5))]
     path = tmp_path / "h200_tp2.md"
     write_summary(rows, [{"hidden": 5120, "text": "a note"}], path, "h200", 2, Ceilings(700.0, 4000.0), SimpleNamespace(calls=50, replays=5), [])
@@ -63,8 +63,8 @@ def test_merge_replaces_only_what_the_new_run_measured(tmp_path):
     assert [(r["hidden"], r["m"], r["path"]) for r in rows] == [
         (h, m, p) for h in (4096, 5120) for m in (1, 16)
         for p in (("triton-ll", "unfused-nccl") if h == 4096 else ("triton-bt", "triton-ll", "unfused-nccl"))]
-    assert rows[0] == dict(tp=2, hidden=4096, variant="plain", m=1, path="triton-ll", us_median=10.0, us_min=9.5,
-                           us_max=10.5, floor_us=2.0, ratio_to_floor=5.0, speedup_vs_unfused=1.0)
+    assert rows[0] == dict(tp=2, hc=4, hidden=4096, variant="plain", m=1, path="triton-ll", us_median=10.0, us_min=9.5,
+                           us_max=10.5, floor_us=2.0, ratio_to_floor=5.0, speedup_vs_unfused=1.0, speedup_vs_best=1.0)
     assert rows[1]["floor_us"] is None and rows[1]["ratio_to_floor"] is None
     new = {r["path"]: r for r in rows if r["hidden"] == 5120 and r["m"] == 1}
     assert new["triton-ll"]["us_median"] == new["triton-bt"]["us_median"] == 40.0
@@ -120,3 +120,106 @@ def test_crossover_and_routes_from_measurements(tmp_path):
     assert '("hopper", 2, 5120): Preset(' in text and "bt_min_rows=64, bt_min_finalize_rows=1073741824" in text
     assert '"plain": ((16, "cute"), (32, "triton"), (128, "cute"),)' in text
 
+
+
+def test_local_floor_is_the_hbm_bytes_alone():
+    """tp = 1: x (finalize: top_k GEMM2 rows + shared), residual in and out, the layer input and the MXFP8
+    output, at the device-copy ceiling; no mailbox, nothing over NVLink."""
+    m, hidden, row = 64, 5120, 5120 * 2
+    assert fused_bytes("local", "plain", 1, m, hidden) == (0.0, m * row + 2 * m * 4 * row + m * row)
+    assert fused_bytes("local", "finalize", 1, m, hidden, top_k=6)[1] == 7 * m * row + 8 * m * row + m * row
+    assert fused_bytes("local", "quant", 1, m, hidden)[1] == 10 * m * row + m * hidden + m * hidden // 32
+    assert fused_bytes("local", "plain", 1, m, hidden, hc=1)[1] == 4 * m * row
+    _, ll_hbm = fused_bytes("ll", "plain", 2, m, hidden)
+    assert ll_hbm > fused_bytes("local", "plain", 1, m, hidden)[1]  # the mailbox is what tp = 1 saves
+    one_gpu = Ceilings(peer_gbps=None, hbm_gbps=4000.0)
+    assert floor_us("local", "plain", 1, m, hidden, one_gpu) == pytest.approx(10 * m * row / 4e6)
+    with pytest.raises(ValueError, match="tp = 1 protocol"):
+        fused_bytes("local", "plain", 2, m, hidden)
+    with pytest.raises(ValueError, match="protocol must be one of"):
+        fused_bytes("gather", "plain", 2, m, hidden)
+
+
+def test_strong_tail_bytes():
+    from lamport_mhc.bench import tail_bytes
+    from lamport_mhc.mxfp8 import mxfp8_scale_bytes
+
+    m, hidden, row = 100, 4096, 8192
+    assert tail_bytes("plain", m, hidden) == 10 * m * row
+    assert tail_bytes("quant", m, hidden) == 10 * m * row + m * hidden + mxfp8_scale_bytes(m, hidden)
+    # finalize: the MoE-finalize kernel (held GEMM2 rows, shared, router inputs, contribution) before the tail
+    assert tail_bytes("finalize", m, hidden, held_routes=250, top_k=6) == 10 * m * row + 250 * row + 2 * m * row + m * 48
+
+
+def _row(path, us, hc=4, m=16, variant="plain", hidden=5120, tp=2):
+    return dict(tp=tp, hc=hc, hidden=hidden, variant=variant, m=m, path=path, us_median=us, us_min=us, us_max=us,
+                floor_us=None, ratio_to_floor=None, speedup_vs_unfused=None, speedup_vs_best=None)
+
+
+def test_speedup_against_the_best_alternative():
+    from lamport_mhc.bench import with_speedups
+
+    rows = [_row("triton-ll", 10.0), _row("unfused-nccl", 60.0), _row("unfused-best", 30.0),
+            _row("unfused-one-shot", 45.0), _row("nccl_all_reduce", 5.0), _row("strong-tail", 4.0),
+            _row("flashinfer-fusion-oneshot", 8.0),          # not the same op at hc = 4
+            _row("triton-ll", 10.0, hc=1), _row("unfused-best", 30.0, hc=1), _row("flashinfer-fusion-oneshot", 20.0, hc=1),
+            _row("flashinfer-fusion-twoshot", 25.0, hc=1), _row("triton-ll", 10.0, m=32)]
+    by = {(r["hc"], r["m"], r["path"]): r for r in with_speedups(rows)}
+    assert by[(4, 16, "triton-ll")]["speedup_vs_best"] == 3.0 and by[(4, 16, "triton-ll")]["speedup_vs_unfused"] == 6.0
+    assert by[(4, 16, "unfused-best")]["speedup_vs_best"] == 1.0 and by[(4, 16, "unfused-nccl")]["speedup_vs_best"] == 0.5
+    assert by[(1, 16, "triton-ll")]["speedup_vs_best"] == 2.0  # FlashInfer's fusion is the best alternative at hc = 1
+    assert by[(1, 16, "triton-ll")]["speedup_vs_unfused"] is None
+    assert by[(4, 32, "triton-ll")]["speedup_vs_best"] is None  # no alternative measured at that shape
+
+
+def test_reports_show_the_best_alternative(tmp_path):
+    rows = [_row("triton-local", 12.0, tp=1), _row("auto", 11.0, tp=1), _row("unfused-best", 24.0, tp=1),
+            _row("strong-tail", 24.0, tp=1)]
+    rows[0]["floor_us"], rows[0]["ratio_to_floor"] = 10.0, 1.2
+    rows[3]["floor_us"], rows[3]["ratio_to_floor"] = 20.0, 1.2
+    big = [dict(r, m=1024, us_median=r["us_median"] * 50) for r in rows]
+    big[3]["floor_us"], big[3]["ratio_to_floor"] = 1000.0, 1.2  # the strong tail at 83% of the copy ceiling
+    args = SimpleNamespace(calls=50, replays=5, hidden=[5120])
+    write_results(rows + big, [], tmp_path, "h200", 1, Ceilings(None, 4000.0), args)
+    written = read_rows(tmp_path / "h200_tp1.csv")
+    assert {r["path"]: r["speedup_vs_best"] for r in written if r["m"] == 16} == {
+        "auto": 2.182, "strong-tail": 1.0, "triton-local": 2.0, "unfused-best": 1.0}  # CSV: 3 decimals
+    assert all(r["hc"] == 4 for r in written) and list(written[0]) == list(COLUMNS)
+    summary = (tmp_path / "h200_tp1.md").read_text()
+    assert "no peer copy (a group of one), device copy 4000 GB/s" in summary and "## hc = 4" in summary
+    assert "| 5120 | plain | 16 | triton-local | 12.0 | 11.0 | nan | nan | 1.20 | unfused-best | 24.0 | 2.00 | 2.18 |" in summary
+    assert "| 5120 | plain | 1024 | 1200.0 | 1000.0 | 83% |" in summary
+    assert "From M = 1024: lowest 83% of the device copy (H=5120 plain M=1024): MISSES the 85% bar" in summary
+    notes = json.loads((tmp_path / "h200_tp1_notes.json").read_text())
+    assert notes[0]["text"] == "ceilings for H=5120: no peers (a group of one), device copy 4000 GB/s"
+
+
+def test_old_csvs_without_hc_still_merge(tmp_path):
+    import csv
+
+    old = tmp_path / "h200_tp2.csv"
+    with open(old, "w", newline="") as f:  # the columns of results written before hc and speedup_vs_best
+        writer = csv.writer(f)
+        writer.writerow(["tp", "hidden", "variant", "m", "path", "us_median", "us_min", "us_max", "floor_us",
+                         "ratio_to_floor", "speedup_vs_unfused"])
+        writer.writerow([2, 5120, "plain", 16, "cute-ll", "7.000", "6.5", "7.5", "1.0", "7.0", "3.0"])
+        writer.writerow([2, 5120, "plain", 16, "unfused-nccl", "21.000", "20", "22", "", "", "1.0"])
+    assert read_rows(old)[0]["hc"] == 4 and read_rows(old)[0]["speedup_vs_best"] is None
+    args = SimpleNamespace(calls=50, replays=5, hidden=[5120])
+    new = [_row("unfused-best", 14.0), _row("cute-ll", 6.0, hc=1)]
+    write_results(new, [], tmp_path / "out", "h200", 2, Ceilings(700.0, 4000.0), args, merge=str(old))
+    rows = {(r["hc"], r["path"]): r for r in read_rows(tmp_path / "out" / "h200_tp2.csv")}
+    assert set(rows) == {(4, "cute-ll"), (4, "unfused-nccl"), (4, "unfused-best"), (1, "cute-ll")}
+    assert rows[(4, "cute-ll")]["speedup_vs_best"] == 2.0 and rows[(4, "cute-ll")]["speedup_vs_unfused"] == 3.0
+    summary = (tmp_path / "out" / "h200_tp2.md").read_text()
+    assert "## hc = 1" in summary and "## hc = 4" in summary
+
+
+def test_new_options():
+    args = parse_args(["--hc", "1", "--paths", "strong-tail", "unfused-best", "two_shot_all_reduce",
+                       "flashinfer_all_reduce", "vllm_custom_all_reduce", "flashinfer-fusion-oneshot",
+                       "flashinfer-fusion-twoshot", "triton-local", "--flashinfer-cache", "/tmp/fi"])
+    assert args.hc == 1 and len(args.paths) == 8 and args.flashinfer_cache == "/tmp/fi"
+    assert parse_args([]).hc == 4
+    with pytest.raises(SystemExit):
+        parse_args(["--hc", "3"])

@@ -18,7 +18,7 @@ def test_floor_kernel_single_rank():
         x[0, 0] = -0.0
         out = torch.empty_like(x)
         launch_interpreted(lamport_floor_kernel, (m, 2), x.view(torch.int16), out.view(torch.int16), mailbox,
-                           peers, state, capacity, HIDDEN=hidden, TP=1, RANK=0, BLOCK=128)
+                           peers, state, capacity, HIDDEN=hidden, TP=1, RANK=0, BLOCK=128, ON_GPU=False)
         expected = x.view(torch.int16).clone()
         expected[0, 0] = 0
         assert torch.equal(out.view(torch.int16), expected)

@@ -152,6 +152,27 @@ def test_polls_are_16_bytes_volatile_and_the_local_form_has_none(compiled):
             assert not polls, name  # publishes never wait
 
 
+# The spin-timeout record into the host mirror: the three words, a system fence, then the flag.
+MIRROR_RECORD = re.compile(r"st\.global\.b32 \[(%rd\d+)\+4\], %r\d+; st\.global\.b32 \[\1\+8\], %r\d+; "
+                           r"st\.global\.b32 \[\1\+12\], %r\d+; fence\.sc\.sys; "
+                           r"st\.relaxed\.sys\.global\.b32 \[\1\], %r\d+;")
+
+
+def test_spin_timeouts_reach_the_host_mirror_flag_last(compiled):
+    """Every kernel that polls claims the device flag with a CAS, then writes the host mirror's
+    record with plain stores and the flag after ``fence.sc.sys``; kernels that never wait (the local
+    form included) have none."""
+    for _, _, _, _, name, text in _each(compiled):
+        records = MIRROR_RECORD.findall(text)
+        if (_consumer(name) and not _local(name)) or name == "owner_reduce_bt":
+            assert records and text.count("fence.sc.sys") == len(records), name
+            assert 0 <= text.find("atom.acq_rel.gpu.global.cas.b32") < text.find("fence.sc.sys"), name
+            assert "ld.global.b64" in text, name  # the mirror's address, from the error buffer
+            assert not _ops(text, r"atom\.[\w.]*\.sys|red\.[\w.]*\.sys"), name  # no atomics to host memory
+        else:
+            assert not records and "fence.sc.sys" not in text, name
+
+
 def _consumer_counts(tp: int, hidden: int, name: str) -> dict[str, int]:
     """The contract's fp32 operations of one consumer thread, each an explicit ``.rn`` instruction."""
     ll, norm, quant = "_ll_" in name, not name.endswith("residual"), name.endswith("quant")

@@ -68,6 +68,27 @@ def test_spin_loops_poll_16_bytes_volatile(build):
             assert not _ops(text, r"ld\.volatile\.global\.b16"), name
 
 
+# The spin-timeout record into the host mirror: the three words, a system fence, then the flag.
+MIRROR_RECORD = re.compile(r"st\.global\.b32 \[(%rd\d+)\+4\], %r\d+; st\.global\.b32 \[\1\+8\], %r\d+; "
+                           r"st\.global\.b32 \[\1\+12\], %r\d+; fence\.sc\.sys; "
+                           r"st\.relaxed\.sys\.global\.b32 \[\1\], %r\d+;")
+
+
+def test_spin_timeouts_reach_the_host_mirror_flag_last(build):
+    """Every kernel that polls claims the device flag with a CAS, then writes the host mirror's
+    record with plain stores and the flag after ``fence.sc.sys``; kernels that never wait have none."""
+    _, ptx = build
+    for name, text in ptx.items():
+        records = MIRROR_RECORD.findall(text)
+        if name.startswith(("consumer", "one_kernel", "owner_reduce")):
+            assert records and text.count("fence.sc.sys") == len(records), name
+            cas = text.find("atom.global.acq_rel.gpu.cas.b32")
+            assert 0 <= cas < text.find("fence.sc.sys"), name
+            assert not _ops(text, r"atom\.[\w.]*\.sys|red\.[\w.]*\.sys"), name  # no atomics to host memory
+        else:
+            assert not records and "fence.sc.sys" not in text, name
+
+
 def test_contract_rounding(build):
     _, ptx = build
     for name, text in ptx.items():
@@ -91,3 +112,52 @@ def test_no_pdl_build_has_no_griddepcontrol():
     spec = BuildSpec(hidden=256, hc=4, capacity=8, top_k=2, tp=2, rank=0, use_pdl=False)
     for name, text in compile_ptx(spec).items():
         assert "griddepcontrol" not in text, name
+
+
+@pytest.fixture(scope="module", params=[(2, 384), (2, 1408), (3, 5120), (1, 7168)], ids=lambda p: f"tp{p[0]}-h{p[1]}")
+def chunked(request):
+    tp, hidden = request.param
+    spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
+                     ll_one_kernel_rows=64 if tp > 1 else 0)
+    return tp, hidden, compile_ptx(spec, "sm_90a")
+
+
+def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
+    """Rows walked in chunks whatever H (384 = a 512 chunk, 1408 = 3 x 512, 5120 = 5 x 1024, 7168 =
+    7 x 1024): polls, loads and stores of bf16 data are 16 bytes; nothing moves a single bf16."""
+    tp, hidden, ptx = chunked
+    chunks = -(-hidden // (1024 if hidden % 1024 == 0 else 512))
+    names = set(ptx)
+    for name, text in ptx.items():
+        assert _ops(text, r"st\.global\.v4\.b32"), name
+        assert not _ops(text, r"(?:ld|st)\.(?:volatile\.)?global(?:\.\w+)*\.b16"), name
+        if name.startswith(("consumer", "one_kernel", "owner_reduce")):
+            assert _ops(text, r"ld\.volatile\.global\.v4\.b32"), name
+        if name.startswith("local"):
+            assert not _ops(text, r"ld\.volatile"), f"{name}: the local form polls nothing"
+            assert "griddepcontrol.wait" in text, name
+    # Rows of several chunks also build the latency form of every consumer.
+    consumers = {n for n in names if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith("_split")}
+    assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if chunks > 1 else set())
+    if tp == 1:
+        assert names == {"local_plain", "local_finalize_plain", "local_plain_split", "local_finalize_plain_split"}
+
+
+def test_quant_converts_with_flashinfers_instruction(build):
+    _, ptx = build
+    for name, text in ptx.items():
+        assert ("cvt.rn.satfinite.e4m3x2.f32" in text) == ("_quant" in name), name
+
+
+def test_only_local_streaming_consumers_cap_registers(chunked):
+    _, _, ptx = chunked
+    for name, text in ptx.items():
+        assert (".maxnreg 64" in text) == (name.startswith("local") and not name.endswith("_split")), name
+
+
+def test_bf16_rounding_is_one_conversion(build):
+    """The contract's fp32 -> bf16 rounding is cvt.rn.bf16(x2).f32 on the GPU (NaN then made 0x7FC0)."""
+    _, ptx = build
+    for name, text in ptx.items():
+        if name.startswith(("consumer", "one_kernel", "owner_reduce", "finalize_publish")):
+            assert _ops(text, r"cvt\.rn\.bf16(?:x2)?\.f32"), name

@@ -8,6 +8,7 @@ import torch
 from lamport_mhc import SimulatedGroup
 from lamport_mhc.paths import FusedPath
 from lamport_mhc.testing import assert_outputs_match, call_simulated, check_simulated, random_inputs
+from kernels_triton.plan import row_chunks
 
 EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps
 
@@ -17,15 +18,21 @@ SIZES = (1, 2, 7, CAPACITY)
 
 
 ONE_KERNEL_ROWS = 2  # LL calls of 1 or 2 rows run as one kernel, larger ones as publish + consumer
+SPLIT_ROWS = 1  # a call of one row spreads its token over a program per chunk (rows of several chunks)
 
 
 def _group(tp, hidden, bt_min_rows=None):
     return SimulatedGroup(tp, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
-                          quantize_layer_input=True, residual_only=True, bt_min_rows=bt_min_rows,
-                          bt_min_finalize_rows=bt_min_rows, ll_one_kernel_rows=ONE_KERNEL_ROWS)
+                          quantize_layer_input=hidden % 128 == 0, residual_only=True, bt_min_rows=bt_min_rows,
+                          bt_min_finalize_rows=bt_min_rows, ll_one_kernel_rows=ONE_KERNEL_ROWS,
+                          split_rows=SPLIT_ROWS)
 
 
-@pytest.mark.parametrize("tp,hidden", [(1, 256), (2, 256), (3, 384), (4, 256), (8, 256), (2, 1024), (3, 1024)])
+# Rows of one chunk (256, 384, 1024) and of several: 1408 = 3 x 512 (the last chunk half padding),
+# 3072 = 3 x 1024 and 7168 = 7 x 1024.
+@pytest.mark.parametrize("tp,hidden", [(1, 256), (2, 256), (3, 384), (4, 256), (8, 256), (2, 1024), (3, 1024),
+                                       (1, 1408), (2, 1408), (5, 1408), (8, 1408), (1, 3072), (3, 3072),
+                                       (1, 7168), (2, 7168)])
 def test_ll_and_bt_match_the_reference(tp, hidden):
     ll, bt = _group(tp, hidden), _group(tp, hidden, bt_min_rows=1)
     for call, (m, variant) in enumerate((m, v) for m in SIZES for v in VARIANTS):
@@ -41,11 +48,11 @@ def test_ll_and_bt_match_the_reference(tp, hidden):
 def test_generations_cycle_with_m_changing_every_call():
     """30 calls, M, protocol and LL's kernel form changing every call: the generation state rotates
     per protocol."""
-    group = _group(2, 256, bt_min_rows=5)
+    group = _group(2, 1408, bt_min_rows=5)
     sizes = [1, 9, 2, 7, 5, 4, 9, 1, 6, 3] * 3
     ll_calls = bt_calls = 0
     for call, m in enumerate(sizes):
-        check_simulated(group, random_inputs(2, m, 256, HC, seed=call, top_k=TOP_K), VARIANTS[call % 4], EPS)
+        check_simulated(group, random_inputs(2, m, 1408, HC, seed=call, top_k=TOP_K), VARIANTS[call % 4], EPS)
         if m >= 5:
             bt_calls += 1
         else:
@@ -53,6 +60,8 @@ def test_generations_cycle_with_m_changing_every_call():
         for state in group.generation_state():
             assert state["ll"][0] == ll_calls % 3 and state["bt"][0] == bt_calls % 3
             assert state["ll"][2] == 0  # the one-kernel form's arrival count is reset by its last program
+        for path in group.paths:  # so is every token's count of the latency form
+            assert not path.kernels["triton"].arrivals.any()
     assert ll_calls > 3 and bt_calls > 3
 
 
@@ -138,3 +147,39 @@ def test_other_stream_counts(hc):
                            residual_only=True, bt_min_rows=3, bt_min_finalize_rows=3)
     for m, variant in ((1, "plain"), (5, "finalize"), (2, "quant"), (4, "residual")):
         check_simulated(group, random_inputs(2, m, 128, hc, seed=m, top_k=2), variant, EPS)
+
+
+@pytest.mark.parametrize("tp,hidden,split_rows", [(1, 1408, 0), (2, 1408, 3), (1, 7168, 0), (1, 7168, 3)])
+def test_norm_sums_each_chunk_by_the_contracts_tree(tp, hidden, split_rows):
+    """A prenormalized row of one 4096 and then ones: the contract's tree keeps every 1.0 but the
+    one paired with 4096^2 = 2^24, a sum that adds them to 2^24 one at a time loses them all (an
+    rms 0.004% smaller at H = 1408: about one output in a hundred changes). Random rows beside it. In the
+    latency form the roots each token's chunks leave in the scratch are checked too: the contract's
+    chunk trees, bit for bit, so any other order within a chunk fails (both forms compute a chunk's
+    root with the same function). The prenormalized row is residual stream 0 (post 0, identity
+    comb, pre picking stream 0)."""
+    from lamport_mhc.bits import pairwise_sum
+
+    rows = 3
+    group = SimulatedGroup(tp, hidden_size=hidden, hc_mult=HC, max_num_tokens=rows, top_k=TOP_K,
+                           quantize_layer_input=True, split_rows=split_rows)
+    inputs = random_inputs(tp, rows, hidden, HC, seed=hidden, top_k=TOP_K, zero_row=False)
+    inputs["residual"][0, 0] = 1.0
+    inputs["residual"][0, 0, 0] = 4096.0
+    inputs["post"].zero_()
+    inputs["comb"].copy_(torch.eye(HC).expand(rows, HC, HC))
+    inputs["pre"].zero_()
+    inputs["pre"][:, 0] = 1.0
+    squares = inputs["residual"][:, 0].float() ** 2
+    one_at_a_time = torch.tensor(2.0 ** 24)
+    for square in squares[0, 1:]:
+        one_at_a_time = one_at_a_time + square
+    assert one_at_a_time == 2.0 ** 24 and pairwise_sum(squares[0]) == 2.0 ** 24 + hidden - 2
+    for variant in ("plain", "quant"):
+        check_simulated(group, inputs, variant, EPS)
+        if split_rows >= rows:
+            chunk, chunks = row_chunks(hidden)
+            expected = torch.stack([pairwise_sum(squares[:, i * chunk:(i + 1) * chunk]) for i in range(chunks)], -1)
+            for path in group.paths:
+                roots = path.kernels["triton"].roots.view(-1, chunks)[:rows]
+                assert torch.equal(roots.view(torch.int32), expected.view(torch.int32))

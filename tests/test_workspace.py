@@ -37,5 +37,25 @@ def test_host_group_tables_point_at_every_rank():
             assert table == [getattr(w, name).local.data_ptr() for w in workspaces]
             assert (getattr(ws, name).local == layout.SENTINEL_INT16).all()
     assert workspaces[0].read_error() is None
-    workspaces[1].error.copy_(torch.tensor([1, 0, 2, 5], dtype=torch.int32))
-    assert workspaces[1].read_error() == (0, 2, 5)
+
+
+def test_the_error_buffer_holds_the_address_of_its_host_mirror():
+    specs = [BuildSpec(hidden=64, hc=4, capacity=4, top_k=2, tp=2, rank=r) for r in range(2)]
+    for ws in allocate_host_group(specs):
+        assert ws.error.shape == (layout.ERROR_WORDS,) and ws.error_mirror.shape == (layout.RECORD_WORDS,)
+        assert ws.error.view(torch.int64)[layout.ERROR_MIRROR_ADDRESS] == ws.error_mirror.data_ptr()
+        assert ws.error[:layout.RECORD_WORDS].tolist() == [0] * 4 and ws.error_mirror.tolist() == [0] * 4
+
+
+def test_the_host_reads_the_mirror_flag_first_and_never_the_device_buffer():
+    """What a kernel leaves in the mirror is what the host reports; a record whose flag is not
+    (yet) stored is not reported, whatever the other words hold (the kernel stores the flag last)."""
+    spec = BuildSpec(hidden=64, hc=4, capacity=4, top_k=2, tp=1, rank=0)
+    ws = allocate_host_group([spec])[0]
+    ws.error = torch.empty(layout.ERROR_WORDS, dtype=torch.int32, device="meta")  # any read of it fails
+    ws.error_mirror[1:].copy_(torch.tensor([1, 2, 5], dtype=torch.int32))
+    assert ws.read_error() is None   # record written, flag not yet
+    ws.error_mirror[0] = 1
+    assert ws.read_error() == (1, 2, 5)
+    ws.error_mirror.copy_(torch.tensor([1, -1, 0, 7], dtype=torch.int32))
+    assert ws.read_error() == (-1, 0, 7)

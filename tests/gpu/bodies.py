@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from lamport_mhc import AllReduceMHC, AllReduceMHCConfig, mxfp8_scale_bytes
@@ -20,6 +21,16 @@ HC = 4
 TOP_K = 6
 EPS = 1e-20
 VARIANTS = ("plain", "finalize", "quant", "residual")
+BACKENDS = ["triton", "cute"]
+
+
+def require_backend(backend: str) -> None:
+    """Skip when ``backend`` is not installed here (the CuTe DSL kit is brought to the GPU machine)."""
+    from lamport_mhc.backend import Support, load_backend
+
+    loaded = load_backend(backend)
+    if isinstance(loaded, Support):
+        pytest.skip(loaded.reason)
 
 
 def build(hidden: int, capacity: int, backend: str, bt_min_rows: int | None, **config) -> AllReduceMHC:
@@ -83,4 +94,45 @@ def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: l
         for variant in VARIANTS:
             failures += check(ops, tp, rank, m, hidden, variant, seed=hidden * 10_000 + m * 10 + VARIANTS.index(variant))
     torch.cuda.synchronize()
+    return failures
+
+
+def graph_replays(rank: int, tp: int, backend: str, calls: int, replays: int, hidden: int = 5120,
+                  **config) -> list[str]:
+    """Capture ``calls`` calls (LL and BT, every variant) in one CUDA graph, then replay it
+    ``replays`` times with new inputs, every output checked against the reference."""
+    m_values = [16, 40]
+    op = build(hidden, 64, backend, 32, **config)
+    plan = [(m_values[i % 2], VARIANTS[i % 4]) for i in range(calls)]
+    static = [random_inputs(tp, m, hidden, HC, seed=i, top_k=TOP_K, device="cuda") for i, (m, _) in enumerate(plan)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up, identical on every rank
+        for (_, variant), inputs in zip(plan, static):
+            run_variant(op, inputs, variant, rank)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = [run_variant(op, inputs, variant, rank) for (_, variant), inputs in zip(plan, static)]
+    failures = []
+    for replay in range(replays):
+        for i, ((m, variant), inputs) in enumerate(zip(plan, static)):
+            fresh = random_inputs(tp, m, hidden, HC, seed=1000 * (replay + 1) + i, top_k=TOP_K, device="cuda")
+            for key, value in inputs.items():
+                for dst, src in zip(value if isinstance(value, list) else [value],
+                                    fresh[key] if isinstance(value, list) else [fresh[key]]):
+                    dst.copy_(src)
+            for tensor in outputs[i]:
+                for t in (tensor if isinstance(tensor, tuple) else (tensor,)):
+                    if t is not None:
+                        t.view(torch.uint8).fill_(0xA5)
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, ((m, variant), inputs) in enumerate(zip(plan, static)):
+            try:
+                assert_outputs_match(outputs[i], expected_outputs(inputs, variant, EPS, device="cuda"))
+            except AssertionError as error:
+                failures.append(f"replay {replay} call {i} ({variant}, M={m}): {error}")
+    op.check()  # synchronizes; raises if a replayed kernel gave up waiting
     return failures

@@ -9,25 +9,16 @@ import random
 import pytest
 import torch
 
-from lamport_mhc.testing import assert_outputs_match, bits, expected_outputs, random_inputs
+from lamport_mhc.testing import bits, expected_outputs, random_inputs
 
-from .bodies import EPS, HC, TOP_K, TP, VARIANTS, build, check, poison_allocator, run_variant, sweep
+from .bodies import (BACKENDS, EPS, HC, TOP_K, TP, VARIANTS, build, check, graph_replays, poison_allocator,
+                     require_backend, run_variant, sweep)
 from .harness import require_gpus, run_ranks
 
 # The one-kernel form's bounds for CuTe on 132 SMs are 33 / 26 / 18 rows at H = 4096 / 5120 / 7168.
 SIZES = [1, 2, 7, 18, 26, 33, 64, 255, 1024]
-BACKENDS = ["triton", "cute"]
 # What each backend's sweep adds to the build's config.
 SWEEP_CONFIG = {"triton": {}, "cute": {"cross_check": True, "cross_check_backend": "triton"}}
-
-
-def require_backend(backend: str) -> None:
-    """Skip when ``backend`` is not installed here (the CuTe DSL kit is brought to the GPU machine)."""
-    from lamport_mhc.backend import Support, load_backend
-
-    loaded = load_backend(backend)
-    if isinstance(loaded, Support):
-        pytest.skip(loaded.reason)
 
 
 def _sweep_body(rank, tp, backend, hidden):
@@ -58,41 +49,7 @@ def test_at_capacity_bt(backend):
 
 
 def _graph_body(rank, tp, backend, calls, replays):
-    """Capture ``calls`` calls (LL and BT, every variant) in one graph; replay with new inputs."""
-    hidden, m_values = 5120, [16, 40]
-    op = build(hidden, 64, backend, 32)
-    plan = [(m_values[i % 2], ("plain", "finalize", "quant", "residual")[i % 4]) for i in range(calls)]
-    static = [random_inputs(tp, m, hidden, HC, seed=i, top_k=TOP_K, device="cuda") for i, (m, _) in enumerate(plan)]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up, identical on every rank
-        for (_, variant), inputs in zip(plan, static):
-            run_variant(op, inputs, variant, rank)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = [run_variant(op, inputs, variant, rank) for (_, variant), inputs in zip(plan, static)]
-    failures = []
-    for replay in range(replays):
-        for i, ((m, variant), inputs) in enumerate(zip(plan, static)):
-            fresh = random_inputs(tp, m, hidden, HC, seed=1000 * (replay + 1) + i, top_k=TOP_K, device="cuda")
-            for key, value in inputs.items():
-                for dst, src in zip(value if isinstance(value, list) else [value],
-                                    fresh[key] if isinstance(value, list) else [fresh[key]]):
-                    dst.copy_(src)
-            for tensor in outputs[i]:
-                for t in (tensor if isinstance(tensor, tuple) else (tensor,)):
-                    if t is not None:
-                        t.view(torch.uint8).fill_(0xA5)
-        graph.replay()
-        torch.cuda.synchronize()
-        for i, ((m, variant), inputs) in enumerate(zip(plan, static)):
-            try:
-                assert_outputs_match(outputs[i], expected_outputs(inputs, variant, EPS, device="cuda"))
-            except AssertionError as error:
-                failures.append(f"replay {replay} call {i} ({variant}, M={m}): {error}")
-    return failures
+    return graph_replays(rank, tp, backend, calls, replays)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -122,6 +79,8 @@ def _missing_peer_body(rank, tp, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_spin_bound_reports_missing_peer(backend):
+    if TP == 1:
+        pytest.skip("a group of one has no peer to miss (the local form polls nothing)")
     require_gpus(TP)
     require_backend(backend)
     message = run_ranks(_missing_peer_body, TP, args=(backend,), timeout_s=180)[0]
@@ -155,7 +114,8 @@ def _soak_body(rank, tp, backend, calls):
         for actual, reference in pairs:
             wrong[call] |= (bits(actual) != bits(reference)).any()
         protocol = op.protocol(m, variant == "finalize")
-        forms.add("bt" if protocol == "bt" else "ll-one-kernel" if m <= one_kernel_rows else "ll-two-kernels")
+        forms.add(protocol if protocol in ("bt", "local") else "ll-one-kernel" if m <= one_kernel_rows
+                  else "ll-two-kernels")
     op.check()  # synchronizes; raises on a spin timeout
     failed = wrong.nonzero().flatten().tolist()
     return sorted(forms), failed[:10], len(failed)
@@ -167,7 +127,7 @@ def test_soak_10000_calls(backend):
     require_backend(backend)
     for forms, first_failures, failures in run_ranks(_soak_body, TP, args=(backend, 10_000), timeout_s=300):
         assert failures == 0, f"{failures} calls with wrong bits, first: {first_failures}"
-        assert forms == ["bt", "ll-one-kernel", "ll-two-kernels"]
+        assert forms == (["local"] if TP == 1 else ["bt", "ll-one-kernel", "ll-two-kernels"])
 
 
 def _auto_routes_body(rank, tp):

@@ -1,0 +1,246 @@
+"""The sweep's outputs: the CSV (and reading earlier ones back for ``--merge``), the notes sidecar,
+the derived speedup columns, the markdown summary and the plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from .floors import Ceilings
+from .names import BACKEND_PATHS, HC, STRONG_TAIL, whole_op_alternatives
+
+COLUMNS = ("tp", "hc", "hidden", "variant", "m", "path", "us_median", "us_min", "us_max", "floor_us", "ratio_to_floor",
+           "speedup_vs_unfused", "speedup_vs_best")
+INT_COLUMNS = ("tp", "hc", "hidden", "m")
+FLOAT_COLUMNS = ("us_median", "us_min", "us_max", "floor_us", "ratio_to_floor", "speedup_vs_unfused",
+                 "speedup_vs_best")
+# The strong tail must reach this fraction of the device-copy ceiling from this many rows on.
+TAIL_BAR, TAIL_BAR_FROM_M = 0.85, 1024
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a bench CSV with the types the sweep records (empty cells: None). CSVs written
+    before the hc column existed were measured at hc = 4."""
+    def convert(key, value):
+        if value == "" or value is None:
+            return None
+        return int(value) if key in INT_COLUMNS else float(value) if key in FLOAT_COLUMNS else value
+    with open(path, newline="") as f:
+        rows = [{k: convert(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    for row in rows:
+        row["hc"] = HC if row.get("hc") is None else row["hc"]
+        row.setdefault("speedup_vs_best", None)
+    return [{k: row.get(k) for k in COLUMNS} for row in rows]
+
+
+def notes_path(csv_path) -> Path:
+    csv_path = Path(csv_path)
+    return csv_path.with_name(f"{csv_path.stem}_notes.json")
+
+
+def _row_key(row: dict) -> tuple:
+    return row["tp"], row.get("hc", HC), row["hidden"], row["variant"], row["m"], row["path"]
+
+
+def _shape(row: dict) -> tuple:
+    return _row_key(row)[:5]
+
+
+def _note_key(note: dict) -> tuple:
+    """What a note is about: its hidden size and the text before its first colon."""
+    return note["hidden"], note["text"].split(":", 1)[0]
+
+
+def skip_note(hidden: int, hc: int, variant: str, path: str, reason: str, ms: list[int]) -> dict:
+    """A note for a path that could not run at these rows (``ms``; all of the sweep's: every M)."""
+    where = "" if not ms else f" M={_ranges(ms)}"
+    return {"hidden": hidden, "text": f"skipped {path} hc={hc} {variant} H={hidden}{where}: {reason}",
+            "skipped": {"hc": hc, "variant": variant, "path": path, "m": _ranges(ms) if ms else "all",
+                        "reason": reason}}
+
+
+def _ranges(ms) -> str:
+    """1, 2, 3, 4, 8, 16 -> "1-4, 8, 16": runs of consecutive integers joined."""
+    groups: list[list[int]] = []
+    for m in sorted(ms):
+        if groups and m == groups[-1][1] + 1:
+            groups[-1][1] = m
+        else:
+            groups.append([m, m])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in groups)
+
+
+def with_speedups(rows: list[dict]) -> list[dict]:
+    """Every row's speedup against the unfused NCCL row of its shape (``speedup_vs_unfused``) and
+    against the fastest alternative that does the whole op (``speedup_vs_best``: the unfused paths,
+    and at hc = 1 FlashInfer's fused kernels), whichever run measured them."""
+    unfused = {_shape(r): r["us_median"] for r in rows if r["path"] == "unfused-nccl"}
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if r["path"] in whole_op_alternatives(r["hc"]):
+            best[_shape(r)] = min(best.get(_shape(r), math.inf), r["us_median"])
+    for r in rows:
+        base, alternative = unfused.get(_shape(r)), best.get(_shape(r))
+        r["speedup_vs_unfused"] = None if base is None else base / r["us_median"]
+        r["speedup_vs_best"] = None if alternative is None else alternative / r["us_median"]
+    return rows
+
+
+def best_alternative(group: list[dict]) -> dict | None:
+    candidates = [r for r in group if r["path"] in whole_op_alternatives(r["hc"])]
+    return min(candidates, key=lambda r: r["us_median"]) if candidates else None
+
+
+def _ceiling_text(ceilings: Ceilings) -> str:
+    peer = ("no peers (a group of one)" if ceilings.peer_gbps is None
+            else f"peer {ceilings.peer_gbps:.0f} GB/s")
+    return f"{peer}, device copy {ceilings.hbm_gbps:.0f} GB/s"
+
+
+def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings, args, merge=None) -> None:
+    """CSV, notes sidecar, plots and summary; with ``merge``, the earlier run's rows and notes are kept
+    except those this run measured again (same hc, hidden, variant, M and path; same note subject).
+    The speedup columns are taken over the merged rows."""
+    notes = [{"hidden": h, "text": f"ceilings for H={h}: {_ceiling_text(ceilings)}"} for h in args.hidden] + list(notes)
+    if merge:
+        measured = {_row_key(r) for r in rows}
+        rows = [r for r in read_rows(merge) if _row_key(r) not in measured] + list(rows)
+        old_notes = notes_path(merge)
+        if old_notes.exists():
+            subjects = {_note_key(n) for n in notes}
+            notes = [n for n in json.loads(old_notes.read_text()) if _note_key(n) not in subjects] + notes
+    rows = [{k: r.get(k, HC if k == "hc" else None) for k in COLUMNS} for r in rows]
+    rows = sorted(with_speedups(rows), key=lambda r: (r["hc"], r["hidden"], r["variant"], r["m"], r["path"]))
+    notes = sorted(notes, key=lambda n: (n["hidden"] is not None, n["hidden"] or 0))  # stable within a size
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{gpu}_tp{tp}"
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else ("" if v is None else v))
+                             for k, v in r.items()})
+    notes_path(out / f"{stem}.csv").write_text(json.dumps(notes, indent=1) + "\n")
+    plots = write_plots(rows, out, stem)
+    write_summary(rows, notes, out / f"{stem}.md", gpu, tp, ceilings, args, plots, merged=bool(merge))
+    print(f"wrote {out / stem}.csv, .md, _notes.json and {len(plots)} plots", flush=True)
+
+
+def plot_name(stem: str, hc: int, hidden: int, variant: str) -> str:
+    return f"{stem}{'' if hc == HC else f'_hc{hc}'}_h{hidden}_{variant}.png"
+
+
+def write_plots(rows: list[dict], out: Path, stem: str) -> list[str]:
+    """Per (hc, hidden, variant): latency of every path over M, and the fused paths' speedup over the
+    best alternative."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    names = []
+    for hc, hidden, variant in sorted({(r["hc"], r["hidden"], r["variant"]) for r in rows}):
+        fig, (latency, speedup) = plt.subplots(1, 2, figsize=(13, 4.8))
+        subset = [r for r in rows if (r["hc"], r["hidden"], r["variant"]) == (hc, hidden, variant)]
+        for path in sorted({r["path"] for r in subset}):
+            points = sorted((r["m"], r["us_median"], r["speedup_vs_best"]) for r in subset if r["path"] == path)
+            latency.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=path)
+            if path == "auto" or path in BACKEND_PATHS:
+                shown = [p for p in points if p[2] is not None]
+                if shown:
+                    speedup.plot([p[0] for p in shown], [p[2] for p in shown], marker="o", ms=3, label=path)
+        latency.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="us per call (median, max over ranks)",
+                    title=f"{stem} hc={hc} H={hidden} {variant}")
+        speedup.axhline(1.0, color="gray", lw=0.8)
+        speedup.set(xscale="log", xlabel="M (tokens)", ylabel="speedup over the best alternative",
+                    title="fused paths vs the fastest whole-op alternative")
+        for ax in (latency, speedup):
+            ax.grid(True, which="both", alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        name = plot_name(stem, hc, hidden, variant)
+        fig.savefig(out / name, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def _num(value, digits: int) -> str:
+    return f"{math.nan if value is None else value:.{digits}f}"
+
+
+def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings, args, plots,
+                  merged: bool = False) -> None:
+    rows = [{**r, "hc": r.get("hc", HC)} for r in rows]
+    source = ("of the latest run (each hidden size's own in the notes)" if merged
+              else "measured in the same run")
+    peer = ("no peer copy (a group of one)" if ceilings.peer_gbps is None
+            else f"peer copy {ceilings.peer_gbps:.0f} GB/s")
+    lines = [f"# {gpu}, tp={tp}", "",
+             f"CUDA graphs of {args.calls} calls, median of {args.replays} replays, max over ranks. Ceilings "
+             f"{source}: {peer}, device copy {ceilings.hbm_gbps:.0f} GB/s.", "",
+             "Speedup columns: `speedup` is over `unfused-nccl` (NCCL, then the tail in compiled torch ops); "
+             "`vs best` is over the fastest alternative that does the whole op: `unfused-best` (the fastest "
+             "all-reduce of the run, then the strong Triton tail), the other unfused paths and, at hc = 1, "
+             "FlashInfer's fused all-reduce + residual + RMSNorm kernels.", ""]
+    for hc in sorted({r["hc"] for r in rows}):
+        lines += _fused_table(rows, hc) + _tail_table(rows, hc)
+    lines += ["Plots: " + (", ".join(plots) or "none (matplotlib missing)"), ""]
+    skipped = [n for n in notes if "skipped" in n]
+    if skipped:
+        lines += ["## Skipped", "", "| hc | H | variant | path | M | reason |", "|---|---|---|---|---|---|"]
+        lines += [f"| {s['hc']} | {n['hidden']} | {s['variant']} | {s['path']} | {s['m']} | {s['reason']} |"
+                  for n in skipped for s in (n["skipped"],)]
+        lines.append("")
+    others = [n for n in notes if "skipped" not in n]
+    if others:
+        lines += ["## Notes", ""] + [f"- {n['text']}" for n in others]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _fused_table(rows, hc: int) -> list[str]:
+    lines = [f"## hc = {hc}", "",
+             "| H | variant | M | fastest fused | us | auto us | unfused-nccl us | speedup | x floor "
+             "| best alternative | us | fastest vs best | auto vs best |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    subset = [r for r in rows if r["hc"] == hc]
+    for key in sorted({(r["hidden"], r["variant"], r["m"]) for r in subset}):
+        group = [r for r in subset if (r["hidden"], r["variant"], r["m"]) == key]
+        fused = [r for r in group if r["path"] in BACKEND_PATHS]
+        if not fused:
+            continue
+        best = min(fused, key=lambda r: r["us_median"])
+        base = next((r["us_median"] for r in group if r["path"] == "unfused-nccl"), math.nan)
+        auto = next((r for r in group if r["path"] == "auto"), None)
+        alternative = best_alternative(group)
+        alt_us = math.nan if alternative is None else alternative["us_median"]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {best['path']} | {best['us_median']:.1f} | "
+                     f"{_num(auto and auto['us_median'], 1)} | {base:.1f} | {base / best['us_median']:.2f} | "
+                     f"{_num(best['ratio_to_floor'], 2)} | {alternative['path'] if alternative else '-'} | "
+                     f"{alt_us:.1f} | {alt_us / best['us_median']:.2f} | "
+                     f"{_num(auto and alt_us / auto['us_median'], 2)} |")
+    return lines + [""]
+
+
+def _tail_table(rows, hc: int) -> list[str]:
+    tails = sorted((r for r in rows if r["hc"] == hc and r["path"] == STRONG_TAIL and r["ratio_to_floor"]),
+                   key=lambda r: (r["hidden"], r["variant"], r["m"]))
+    if not tails:
+        return []
+    lines = [f"### Strong tail, hc = {hc}", "",
+             "The unfused kernels alone on given inputs (finalize: the MoE finalize kernel, then the tail); "
+             "floor: their bytes at the device-copy ceiling.", "",
+             "| H | variant | M | us | floor us | of device copy |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['hidden']} | {r['variant']} | {r['m']} | {r['us_median']:.1f} | {r['floor_us']:.1f} | "
+              f"{100 / r['ratio_to_floor']:.0f}% |" for r in tails]
+    large = [r for r in tails if r["m"] >= TAIL_BAR_FROM_M]
+    if large:
+        worst = max(large, key=lambda r: r["ratio_to_floor"])
+        verdict = "meets" if 1 / worst["ratio_to_floor"] >= TAIL_BAR else "MISSES"
+        lines += ["", f"From M = {TAIL_BAR_FROM_M}: lowest {100 / worst['ratio_to_floor']:.0f}% of the device copy "
+                      f"(H={worst['hidden']} {worst['variant']} M={worst['m']}): {verdict} the "
+                      f"{TAIL_BAR:.0%} bar of a fair baseline."]
+    return lines + [""]

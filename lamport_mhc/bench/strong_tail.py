@@ -1,0 +1,103 @@
+"""Launchers of the strong unfused kernels (``strong_tail_kernels``) over caller-allocated
+outputs, on the GPU or, for tests, under the Triton interpreter on host tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from ..mxfp8 import mxfp8_scale_bytes
+
+
+def _chunk(hidden: int) -> int:
+    """The widest power-of-two piece of at most 1024 columns that tiles the row exactly (no padding
+    lanes: H = 5120 and 7168 run five and seven pieces of 1024)."""
+    chunk = 1024
+    while hidden % chunk:
+        chunk //= 2
+    return chunk
+
+
+def _launch(kernel, grid, interpret: bool, num_warps: int, *args, **constexprs) -> None:
+    if interpret:
+        from kernels_triton.interpret import launch_interpreted
+        launch_interpreted(kernel, grid, *args, **constexprs)
+    else:
+        kernel[grid](*args, **constexprs, num_warps=num_warps)
+
+
+STRATEGIES = ("row", "split")
+
+
+class StrongTail:
+    """post-mix, collapse, RMSNorm (and with ``quantize`` the MXFP8 copy) of ``hidden``-wide rows
+    with ``hc`` streams. ``strategy`` "row": one program per token, one kernel; "split": one program
+    per (token, 1024-wide piece), two kernels (the mix, then the norm over the row's partial sums of
+    squares), for M too small to fill the GPU with rows."""
+
+    def __init__(self, hidden: int, hc: int, quantize: bool = False, interpret: bool = False, num_warps: int = 4,
+                 strategy: str = "row"):
+        if hc not in (1, 2, 4):
+            raise ValueError(f"the strong tail is written for hc in 1, 2, 4, got {hc}")
+        if hidden % (128 if quantize else 32):
+            raise ValueError(f"hidden must be a multiple of {128 if quantize else 32}"
+                             f"{' (whole MXFP8 scale tiles)' if quantize else ''}, got {hidden}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.hidden, self.hc, self.quantize, self.interpret, self.num_warps = hidden, hc, quantize, interpret, num_warps
+        self.strategy = strategy
+        self.chunk = _chunk(hidden)
+        self.pieces = hidden // self.chunk
+        self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
+
+    def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
+        from .strong_tail_kernels import strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
+
+        m = reduced.shape[0]
+        if (mxfp8 is not None) != self.quantize:
+            raise ValueError("mxfp8 buffers are given exactly when the tail was built with quantize=True")
+        if mxfp8 is not None:
+            values, scales = mxfp8
+            if scales.numel() != mxfp8_scale_bytes(m, self.hidden):
+                raise ValueError(f"scales must hold mxfp8_scale_bytes({m}, {self.hidden}) bytes, got {scales.numel()}")
+            if self.interpret:
+                values = values.view(torch.uint8)
+            rows = -(-m // 128) * 128  # padded rows zero their scale bytes
+        else:
+            values = scales = layer_input  # unused pointers
+            rows = m
+        if self.strategy == "row":
+            _launch(strong_tail_kernel, (rows,), self.interpret, self.num_warps,
+                    reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
+                    HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
+                    SCALE_COLS_P2=self.scale_cols_p2, INTERPRETED=self.interpret)
+            return
+        partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
+        _launch(tail_mix_kernel, (m, self.pieces), self.interpret, self.num_warps,
+                reduced, residual, post, comb, pre, residual_out, layer_input, partial,
+                HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk)
+        _launch(tail_norm_kernel, (rows, self.pieces), self.interpret, self.num_warps,
+                layer_input, weight, partial, values, scales, m, eps, HIDDEN=self.hidden, CHUNK=self.chunk,
+                QUANT=self.quantize, PIECES_P2=1 << max(0, (self.pieces - 1).bit_length()),
+                INTERPRETED=self.interpret)
+
+
+class StrongFinalize:
+    """The MoE finalize as engines' finalize kernels do it: per token the top-k weighted sum of the
+    permuted GEMM2 rows (-1: not held here, not read) plus the shared expert, into ``out``."""
+
+    def __init__(self, hidden: int, top_k: int, interpret: bool = False, num_warps: int = 4):
+        if hidden % 32:
+            raise ValueError(f"hidden must be a multiple of 32, got {hidden}")
+        self.hidden, self.top_k, self.interpret, self.num_warps = hidden, top_k, interpret, num_warps
+        self.chunk = _chunk(hidden)
+
+    def __call__(self, gemm2, weights, indices, shared, out) -> torch.Tensor:
+        from .strong_tail_kernels import moe_finalize_kernel
+
+        if indices.shape[-1] != self.top_k or weights.shape != indices.shape:
+            raise ValueError(f"weights and indices must be [M, {self.top_k}], got {list(weights.shape)} and "
+                             f"{list(indices.shape)}")
+        m = indices.shape[0]
+        _launch(moe_finalize_kernel, (m, self.hidden // self.chunk), self.interpret, self.num_warps,
+                gemm2, weights, indices, shared, out, HIDDEN=self.hidden, TOP_K=self.top_k, CHUNK=self.chunk)
+        return out

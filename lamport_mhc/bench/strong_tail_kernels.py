@@ -1,0 +1,184 @@
+"""The benchmark's strong unfused baselines (no bit contract): the mHC tail and the MoE finalize as
+an inference engine writes them, bandwidth-bound, fp32 math, 16-byte accesses, the row walked in
+CHUNK-wide pieces (H = 5120 and 7168: five and seven of 1024, no padding lanes).
+
+The tail comes in two forms, as engines pick kernels by M:
+
+- ``strong_tail_kernel``, one program per token (large M). Pass 1 over the pieces: post-mix of the
+  hc streams, collapse with pre, the bf16 prenorm parked in the layer-input buffer, its squares
+  summed. Pass 2 re-reads the prenorm the program just wrote (from L2), applies RMSNorm and, with
+  QUANT, writes the MXFP8 copy.
+- ``tail_mix_kernel`` then ``tail_norm_kernel``, one program per (token, piece) (small M, where one
+  program's walk over the pieces is latency, not bandwidth): the mix writes each piece's sum of
+  squares, the norm adds a row's partial sums before normalizing its piece.
+
+MXFP8 follows FlashInfer's rules (UE8M0 scale from amax * fp32(1/448), swizzled 128x4 scale layout,
+values clamped to +-448 and converted by the hardware); with QUANT the grid also covers the padded
+rows up to a multiple of 128, whose scale bytes are zeroed.
+
+``moe_finalize_kernel``: one program per (token, piece): the top-k weighted sum of the permuted GEMM2
+rows (index -1: the route is not held here, its row is not read) plus the shared expert's output,
+rounded once to bf16.
+"""
+
+import triton
+import triton.language as tl
+
+INV_E4M3_MAX = tl.constexpr(1.0 / 448.0)  # rounded to fp32 where it meets an fp32 operand: 0x3B124925
+
+
+@triton.jit
+def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr, row64, c,
+               HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr):
+    """Post-mix and collapse of piece ``c`` of a row: stores the streams and the bf16 prenorm (in the
+    layer-input buffer), returns the prenorm's squares. Every tensor is one [CHUNK] piece in one
+    layout: no shuffles through shared memory between the loads, the mix and the stores."""
+    h = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(reduced_ptr + row64 * HIDDEN + h).to(tl.float32)
+    streams = residual_ptr + row64 * HC * HIDDEN + h
+    s0 = tl.load(streams).to(tl.float32)
+    s1 = s0
+    s2 = s0
+    s3 = s0
+    if HC > 1:
+        s1 = tl.load(streams + HIDDEN).to(tl.float32)
+    if HC > 2:
+        s2 = tl.load(streams + 2 * HIDDEN).to(tl.float32)
+        s3 = tl.load(streams + 3 * HIDDEN).to(tl.float32)
+    prenorm = tl.zeros([CHUNK], tl.float32)
+    for j in tl.static_range(HC):  # target stream j: comb[s, j] weighs source stream s
+        mixed = x * tl.load(post_ptr + row64 * HC + j)
+        weights = comb_ptr + row64 * HC * HC + j
+        mixed += s0 * tl.load(weights)
+        if HC > 1:
+            mixed += s1 * tl.load(weights + HC)
+        if HC > 2:
+            mixed += s2 * tl.load(weights + 2 * HC)
+            mixed += s3 * tl.load(weights + 3 * HC)
+        out = mixed.to(tl.bfloat16)
+        tl.store(residual_out_ptr + (row64 * HC + j) * HIDDEN + h, out)
+        prenorm += out.to(tl.float32) * tl.load(pre_ptr + row64 * HC + j)
+    prenorm = prenorm.to(tl.bfloat16)
+    tl.store(layer_ptr + row64 * HIDDEN + h, prenorm)
+    p = prenorm.to(tl.float32)
+    return p * p
+
+
+@triton.jit
+def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, HIDDEN: tl.constexpr,
+                CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr):
+    """RMSNorm of piece ``c`` from its parked prenorm (and its MXFP8 copy), as [blocks, 32]."""
+    h = c * CHUNK + tl.arange(0, CHUNK // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    parked = tl.load(layer_ptr + row64 * HIDDEN + h).to(tl.float32)
+    gamma = tl.load(weight_ptr + h).to(tl.float32)
+    y = (parked * inv * gamma).to(tl.bfloat16)
+    tl.store(layer_ptr + row64 * HIDDEN + h, y)
+    if QUANT:
+        yf = y.to(tl.float32)
+        scale = tl.max(tl.abs(yf), axis=1) * INV_E4M3_MAX
+        bits = scale.to(tl.int32, bitcast=True)
+        exponent = (bits >> 23) & 0xFF
+        mantissa = bits & 0x7FFFFF
+        bump = (mantissa != 0) & ((exponent != 0) | (mantissa > 0x400000))
+        u = tl.minimum(exponent + bump.to(tl.int32), 254)
+        u = tl.where(scale <= 0, 0, u)  # a NaN amax (an all-NaN block) keeps 254
+        inverse = ((254 - u) << 23).to(tl.float32, bitcast=True)
+        inverse = tl.where(u == 0, 0.0, inverse)
+        q = yf * inverse[:, None]
+        q = tl.minimum(tl.maximum(tl.where(q != q, 448.0, q), -448.0), 448.0)  # NaN -> 448, as min.f32 does
+        if INTERPRETED:  # values_ptr is uint8 here: the interpreter's fp8 cast loses exponent carries
+            tl.store(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8))
+        else:
+            tl.store(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv))
+        col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
+        tl.store(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8))
+
+
+@triton.jit
+def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, weight_ptr,
+                       residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
+                       HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
+                       SCALE_COLS_P2: tl.constexpr, INTERPRETED: tl.constexpr = False):
+    row = tl.program_id(0)
+    if row < m:
+        row64 = row.to(tl.int64)
+        squares = tl.zeros([CHUNK], tl.float32)
+        for c in tl.static_range(HIDDEN // CHUNK):
+            squares += _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr,
+                                  layer_ptr, row64, c, HIDDEN, HC, CHUNK)
+        inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
+        tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
+        for c in tl.static_range(HIDDEN // CHUNK):
+            _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, HIDDEN, CHUNK, QUANT,
+                        INTERPRETED)
+    else:
+        if QUANT:  # a padded row of the 128-row scale tile: its scale bytes are 0
+            padded = tl.arange(0, SCALE_COLS_P2)
+            tl.store(scales_ptr + _scale_offset(row.to(tl.int64), padded, HIDDEN // 32),
+                     tl.zeros([SCALE_COLS_P2], tl.uint8), mask=padded < HIDDEN // 32)
+
+
+@triton.jit
+def tail_mix_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr,
+                    partial_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr):
+    row64 = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    squares = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr,
+                         row64, c, HIDDEN, HC, CHUNK)
+    tl.store(partial_ptr + row64 * (HIDDEN // CHUNK) + c, tl.sum(squares, axis=0))
+
+
+@triton.jit
+def tail_norm_kernel(layer_ptr, weight_ptr, partial_ptr, values_ptr, scales_ptr, m, eps,
+                     HIDDEN: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr, PIECES_P2: tl.constexpr,
+                     INTERPRETED: tl.constexpr = False):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    if row < m:
+        row64 = row.to(tl.int64)
+        pieces = tl.arange(0, PIECES_P2)
+        partial = tl.load(partial_ptr + row64 * (HIDDEN // CHUNK) + pieces, mask=pieces < HIDDEN // CHUNK, other=0.0)
+        inv = tl.math.rsqrt(tl.sum(partial, axis=0) / HIDDEN + eps)
+        _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, HIDDEN, CHUNK, QUANT, INTERPRETED)
+    else:
+        if QUANT:  # a padded row: this piece's scale bytes are 0
+            col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
+            tl.store(scales_ptr + _scale_offset(row.to(tl.int64), col, HIDDEN // 32), tl.zeros([CHUNK // 32], tl.uint8))
+
+
+@triton.jit
+def _scale_offset(row, col, cols):
+    """Byte of (row, scale column) in the swizzled 128x4 layout (``lamport_mhc.mxfp8.scale_offset``);
+    ``cols`` is a multiple of 4 (hidden a multiple of 128)."""
+    return ((col % 4) + (col // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4
+            + (row // 128) * (128 * cols))
+
+
+@triton.jit
+def _e4m3_bits(q):
+    """What ``cvt.rn.satfinite.e4m3x2.f32`` gives for |q| <= 448, in integers (the interpreter's
+    twin of the hardware conversion): RNE to 3 mantissa bits, subnormals below 2^-6."""
+    bits = q.to(tl.int32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    normal = ((magnitude + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20) - ((127 - 7) << 3)
+    scaled = tl.abs(q) * 512.0
+    subnormal = ((scaled + 8388608.0) - 8388608.0).to(tl.int32)  # RNE to an integer
+    code = tl.where(tl.abs(q) < 0.015625, subnormal, normal)
+    return code | (((bits >> 31) & 1) << 7)
+
+
+@triton.jit
+def moe_finalize_kernel(gemm2_ptr, weights_ptr, index_ptr, shared_ptr, out_ptr,
+                        HIDDEN: tl.constexpr, TOP_K: tl.constexpr, CHUNK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], tl.float32)
+    for k in tl.static_range(TOP_K):
+        permuted = tl.load(index_ptr + token * TOP_K + k)
+        weight = tl.load(weights_ptr + token * TOP_K + k)
+        held = permuted >= 0  # a route held elsewhere: nothing read, its weight ignored (even NaN)
+        values = tl.load(gemm2_ptr + tl.maximum(permuted, 0).to(tl.int64) * HIDDEN + h, mask=held & (h < HIDDEN),
+                         other=0.0)
+        acc += values.to(tl.float32) * tl.where(held, weight, 0.0)
+    acc += tl.load(shared_ptr + token * HIDDEN + h).to(tl.float32)
+    tl.store(out_ptr + token * HIDDEN + h, acc.to(tl.bfloat16))

@@ -1,0 +1,429 @@
+"""The sweep: every path built once per hidden size, then timed at every M and variant."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..testing import random_inputs
+from .allreduce_peers import NcclAllReduce, OneShotAllReduce, SymmetricStage, TwoShotAllReduce
+from .collective import Collective, agree, attempt
+from .flashinfer_peers import FlashInferPeers
+from .floors import PROTOCOLS as FLOOR_PROTOCOLS
+from .floors import Ceilings, floor_us, tail_bytes
+from .lamport_floor import FLOOR_MAX_ROWS, LamportFloor
+from .names import ALLREDUCE_ALONE, FLASHINFER_FUSED, LAMPORT_FLOOR, STRONG_TAIL
+from .report import TAIL_BAR_FROM_M, skip_note, write_results
+from .strong_tail import STRATEGIES, StrongFinalize, StrongTail
+from .timing import time_graph
+
+EPS = 1e-6
+
+
+class Sweep:
+    """Builds every path once per hidden size, then times them over the rows."""
+
+    def __init__(self, args, group, device):
+        self.args, self.group, self.device = args, group, device
+        self.coll = Collective(group)
+        self.tp, self.rank, self.hc = self.coll.tp, self.coll.rank, args.hc
+        self.rows_m = sorted(set(args.rows))
+        self.rows: list[dict] = []
+        self.notes: list[dict] = []  # {"hidden": int | None, "text": str}
+        self.skips: dict[tuple, set] = {}  # (hidden, variant, path, reason) -> the Ms (empty: every M)
+        self.flashinfer = FlashInferPeers(self.coll, log=self.log)
+        self.deadline: float | None = None  # time.monotonic() after which no new M is started
+        self.stopped = False
+        if args.compile_tail and (self.wanted("unfused-nccl") or self.wanted("unfused-one-shot")):
+            from .torch_tail import mhc_tail, moe_finalize, mxfp8_tail
+            self.torch_tail = torch.compile(mhc_tail, dynamic=True)
+            self.torch_finalize = torch.compile(moe_finalize, dynamic=True)
+            self.torch_quantize = torch.compile(mxfp8_tail, dynamic=True)
+        else:
+            from .torch_tail import mhc_tail as tail, moe_finalize as fin, mxfp8_tail as quant
+            self.torch_tail, self.torch_finalize, self.torch_quantize = tail, fin, quant
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        if self.rank == 0:
+            print(message, flush=True)
+
+    def wanted(self, path: str) -> bool:
+        return self.args.paths is None or path in self.args.paths
+
+    def record(self, hidden, variant, m, path, samples, floor=None):
+        median = statistics.median(samples)
+        self.rows.append(dict(tp=self.tp, hc=self.hc, hidden=hidden, variant=variant, m=m, path=path,
+                              us_median=median, us_min=min(samples), us_max=max(samples), floor_us=floor,
+                              ratio_to_floor=None if floor is None else median / floor, speedup_vs_unfused=None,
+                              speedup_vs_best=None))
+        self.log(f"tp={self.tp} hc={self.hc} H={hidden} {variant:8s} M={m:5d} {path:26s} {median:9.1f} us"
+                 + ("" if floor is None else f"  ({median / floor:5.2f}x floor)"))
+
+    def note(self, hidden: int, text: str) -> None:
+        self.notes.append({"hidden": hidden, "text": text})
+
+    def skip(self, hidden: int, variant: str, path: str, reason: str, m: int | None = None) -> None:
+        """A path that cannot run here: reported once per (hidden, variant, path, reason) with the Ms."""
+        key = (hidden, variant, path, reason)
+        if key not in self.skips:
+            self.log(f"skipped {path} ({variant}, H={hidden}): {reason}")
+        self.skips.setdefault(key, set())
+        if m is not None:
+            self.skips[key].add(m)
+
+    def guarded(self, hidden, label, fn):
+        """Time one fused path; a failure here is reported, not fatal for the others."""
+        try:
+            return fn()
+        except Exception as error:  # noqa: BLE001 - reported in the summary
+            text = f"{label}: {type(error).__name__}: {error}"
+            self.note(hidden, text)
+            self.log("FAILED " + text)
+            return None
+
+    def timed_peer(self, hidden, variant, m, path, fn, after_capture=None):
+        """Time a peer's path; a peer that fails is a skipped row, never an error."""
+        try:
+            return time_graph(fn, self.args.calls, self.args.replays, after_capture)
+        except Exception as error:  # noqa: BLE001 - reported as skipped
+            self.skip(hidden, variant, path, f"{type(error).__name__}: {error}".splitlines()[0], m)
+            return None
+
+    # -- construction, once per hidden size ------------------------------------------------------
+    def _fused_ops(self, hidden: int, capacity: int) -> dict:
+        from .. import AllReduceMHC, AllReduceMHCConfig
+
+        args, build = self.args, dict(quantize_layer_input="quant" in self.args.variants)
+        ops = {}
+        if self.wanted("auto"):
+            op = self.guarded(hidden, f"build auto H={hidden}", lambda: AllReduceMHC(
+                hidden, self.hc, capacity, args.top_k, self.device, **build))
+            if op is not None:
+                ops["auto"] = op
+                self.note(hidden, f"auto at H={hidden} runs {op.backend} (preset measured in {op.preset.source})")
+        for backend in args.backends:
+            if self.tp == 1:  # a group of one has one protocol, "local": no mailbox, nothing to force
+                configs = {f"{backend}-local": AllReduceMHCConfig(backend=backend)}
+            else:
+                configs = {f"{backend}-{protocol}": AllReduceMHCConfig(backend=backend, bt_min_rows=threshold,
+                                                                       bt_min_finalize_rows=threshold)
+                           for protocol, threshold in (("ll", capacity + 1), ("bt", 1))}
+            for path, config in configs.items():
+                if not self.wanted(path):
+                    continue
+                op = self.guarded(hidden, f"build {path} H={hidden}", lambda c=config: AllReduceMHC(
+                    hidden, self.hc, capacity, args.top_k, self.device, **build, config=c))
+                if op is not None:
+                    ops[path] = op
+        return ops
+
+    def _allreduce_peers(self, hidden: int, capacity: int) -> dict:
+        """The all-reduces alone that are wanted, or needed as candidates of unfused-best."""
+        best = self.wanted("unfused-best") and self.tp > 1
+        need = {p: self.wanted(p) or best for p in ALLREDUCE_ALONE}
+        need["nccl_all_reduce"] |= self.wanted("unfused-nccl")
+        need["one_shot_all_reduce"] |= self.wanted("unfused-one-shot")
+        peers = {}
+        if need["nccl_all_reduce"]:
+            peers["nccl_all_reduce"] = NcclAllReduce(self.coll, capacity, hidden, self.device)
+        if need["one_shot_all_reduce"] or need["two_shot_all_reduce"]:
+            holder: dict = {}
+            failed = agree(self.coll, attempt(lambda: holder.update(
+                stage=SymmetricStage(self.coll, capacity, hidden, self.device))))
+            for path, kind in (("one_shot_all_reduce", OneShotAllReduce), ("two_shot_all_reduce", TwoShotAllReduce)):
+                if not need[path]:
+                    continue
+                if failed is None:
+                    peers[path] = kind(holder["stage"])
+                else:
+                    self.skip(hidden, "plain", path, f"symmetric memory is unavailable ({failed})")
+        for path in ("flashinfer_all_reduce", "vllm_custom_all_reduce"):
+            if need[path]:
+                peer = self._flashinfer_peer(hidden, "plain", path, capacity)
+                if peer is not None:
+                    peers[path] = peer
+        return peers
+
+    def _flashinfer_peer(self, hidden: int, variant: str, path: str, capacity: int):
+        reason = self.flashinfer.reason(path)
+        holder: dict = {}
+        if reason is None:
+            failed = agree(self.coll, attempt(lambda: holder.update(
+                peer=self.flashinfer.make(path, capacity, hidden, self.device))))
+            reason = None if failed is None else f"creating its workspace failed ({failed})"
+        if reason is not None:
+            self.skip(hidden, variant, path, reason)
+            return None
+        return holder["peer"]
+
+    def _fusion_peers(self, hidden: int, capacity: int) -> dict:
+        """FlashInfer's fused kernels, the same op as this library's only at hc = 1."""
+        if self.hc != 1:
+            return {}
+        peers = {}
+        for path in FLASHINFER_FUSED:
+            if self.wanted(path):
+                peer = self._flashinfer_peer(hidden, "all", path, capacity)
+                if peer is not None:
+                    peers[path] = peer
+        return peers
+
+    # -- the sweep -------------------------------------------------------------------------------
+    def out_of_time(self) -> bool:
+        """Rank 0's clock against ``deadline`` (time.monotonic()), the same answer on every rank."""
+        late = self.deadline is not None and time.monotonic() > self.deadline
+        return bool(self.coll.all_gather_object(late)[0])
+
+    def run_hidden(self, hidden: int, ceilings: Ceilings) -> None:
+        if self.stopped:
+            self.note(hidden, f"time budget H={hidden}: not measured, the budget ran out before it")
+            return
+        capacity = self.rows_m[-1]
+        fused = self._fused_ops(hidden, capacity)
+        peers = self._allreduce_peers(hidden, capacity)
+        fusion = self._fusion_peers(hidden, capacity)
+        tails = {variant: {strategy: StrongTail(hidden, self.hc, quantize=variant == "quant", strategy=strategy)
+                           for strategy in STRATEGIES} for variant in self.args.variants}
+        finalize = StrongFinalize(hidden, self.args.top_k)
+        floor = None
+        if self.wanted(LAMPORT_FLOOR):
+            if self.tp == 1:
+                self.skip(hidden, "plain", LAMPORT_FLOOR, "a group of one has no all-reduce to bound")
+            else:
+                holder: dict = {}
+                failed = agree(self.coll, attempt(lambda: holder.update(floor=LamportFloor(
+                    self.group, self.device, min(capacity, FLOOR_MAX_ROWS), hidden))))
+                if failed is None:
+                    floor = holder["floor"]
+                else:
+                    self.note(hidden, f"build {LAMPORT_FLOOR} H={hidden}: {failed}")
+        chosen: dict[int, str] = {}  # M -> the all-reduce of unfused-best
+        kernels: dict[tuple, str] = {}  # (variant, M) -> the strong tail's form
+        try:
+            for m in self.rows_m:
+                if self.out_of_time():  # stop cleanly, so what was measured is written
+                    self.stopped = True
+                    left = [n for n in self.rows_m if n >= m]
+                    self.note(hidden, f"time budget H={hidden}: stopped before M={m}; not measured: "
+                                      f"{', '.join(map(str, left))}")
+                    self.log(f"time budget spent: H={hidden} stops before M={m}")
+                    break
+                allreduce_us = self._time_allreduces(hidden, m, peers)
+                for variant in self.args.variants:
+                    shape = _Shape(self, hidden, variant, m)
+                    self._fused_rows(shape, fused, ceilings)
+                    self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings, chosen,
+                                      kernels)
+                    self._torch_tail_rows(shape, peers)
+                    self._fusion_rows(shape, fusion, ceilings)
+                    if variant == "plain" and floor is not None and m <= FLOOR_MAX_ROWS:
+                        out = torch.empty_like(shape.x)
+                        samples = self.guarded(hidden, f"{LAMPORT_FLOOR} H={hidden} M={m}", lambda: time_graph(
+                            lambda: floor(shape.x, out), self.args.calls, self.args.replays))
+                        if samples:
+                            self.record(hidden, variant, m, LAMPORT_FLOOR, samples,
+                                        floor_us("ll", variant, self.tp, m, hidden, ceilings, self.hc))
+        finally:
+            for peer in list(peers.values()) + list(fusion.values()):
+                error = attempt(peer.close)
+                if error:
+                    self.note(hidden, f"closing {peer.name} H={hidden}: {error}")
+        self._summary_notes(hidden, ceilings, chosen, kernels)
+
+    def _time_allreduces(self, hidden: int, m: int, peers: dict) -> dict[str, float]:
+        """Each all-reduce alone at M rows (recorded under plain); their medians for unfused-best."""
+        x = torch.randn((m, hidden), device=self.device).to(torch.bfloat16)
+        times = {}
+        for path, peer in peers.items():
+            reason = peer.skip_reason(m)
+            if reason is not None:
+                self.skip(hidden, "plain", path, reason, m)
+                continue
+            samples = self.timed_peer(hidden, "plain", m, path, lambda p=peer: p(x), peer.after_capture)
+            if samples:
+                times[path] = statistics.median(samples)
+                if self.wanted(path) and "plain" in self.args.variants:
+                    self.record(hidden, "plain", m, path, samples)
+        return times
+
+    def _fused_rows(self, shape, fused: dict, ceilings: Ceilings) -> None:
+        for path, op in fused.items():
+            if shape.variant == "finalize":
+                call = (lambda op=op: op.finalize(*shape.finalize_inputs, *shape.consumer))
+            else:
+                call = (lambda op=op: op(shape.x, *shape.consumer, mxfp8_out=shape.mxfp8))
+            protocol = "local" if self.tp == 1 else op.protocol(shape.m, shape.variant == "finalize")
+            samples = self.guarded(shape.hidden, f"{path} {shape.variant} H={shape.hidden} M={shape.m}",
+                                   lambda c=call: time_graph(c, self.args.calls, self.args.replays))
+            if samples:  # auto on the unfused torch path ("gather") has no fused floor
+                self.record(shape.hidden, shape.variant, shape.m, path, samples,
+                            shape.floor(protocol, ceilings) if protocol in FLOOR_PROTOCOLS else None)
+
+    def _strong_rows(self, shape, tails: dict, finalize: StrongFinalize, peers: dict,
+                     allreduce_us: dict, ceilings: Ceilings, chosen: dict, kernels: dict) -> None:
+        """strong-tail (the local kernels alone, in whichever of the tail's forms is faster at this M, as
+        an engine picks by M) and unfused-best (the fastest all-reduce between them)."""
+        residual_out = torch.empty_like(shape.inputs["residual"])
+        layer_input = torch.empty_like(shape.x)
+        contribution = torch.empty_like(shape.x)
+
+        def local():
+            if shape.variant == "finalize":
+                return finalize(*shape.finalize_inputs, contribution)
+            return shape.x
+
+        def tail_of(reduced, tail):
+            tail(reduced, *shape.consumer, residual_out, layer_input, shape.mxfp8)
+
+        hidden, variant, m = shape.hidden, shape.variant, shape.m
+        if not (self.wanted(STRONG_TAIL) or self.wanted("unfused-best")):
+            return
+        timings = {}
+        for strategy, tail in tails.items():
+            samples = self.guarded(hidden, f"{STRONG_TAIL} ({strategy}) {variant} H={hidden} M={m}",
+                                   lambda t=tail: time_graph(lambda: tail_of(local(), t), self.args.calls,
+                                                             self.args.replays))
+            if samples:
+                timings[strategy] = samples
+        if not timings:
+            return
+        form = min(timings, key=lambda k: statistics.median(timings[k]))
+        kernels[(variant, m)], tail_samples = form, timings[form]
+        if tail_samples and self.wanted(STRONG_TAIL):
+            held = int((shape.inputs["idxs"][self.rank] >= 0).sum()) if variant == "finalize" else 0
+            nbytes = tail_bytes(variant, m, hidden, self.hc, held, self.args.top_k)
+            self.record(hidden, variant, m, STRONG_TAIL, tail_samples, nbytes / (ceilings.hbm_gbps * 1e3))
+        if not self.wanted("unfused-best"):
+            return
+        if self.tp == 1:  # a group of one needs no all-reduce: the strong kernels are the whole unfused op
+            chosen[m] = "none"
+            if tail_samples:
+                self.record(hidden, variant, m, "unfused-best", tail_samples)
+            return
+        if not allreduce_us:
+            self.skip(hidden, variant, "unfused-best", "no all-reduce ran at this M", m)
+            return
+        best = min(allreduce_us, key=allreduce_us.get)
+        chosen[m] = best
+        peer = peers[best]
+        samples = self.timed_peer(hidden, variant, m, "unfused-best",
+                                  lambda: tail_of(peer(local()), tails[form]), peer.after_capture)
+        if samples:
+            self.record(hidden, variant, m, "unfused-best", samples)
+
+    def _torch_tail_rows(self, shape, peers: dict) -> None:
+        """The unfused paths of earlier results: NCCL or one-shot, then the tail in compiled torch ops."""
+        def contribution():
+            if shape.variant == "finalize":
+                return self.torch_finalize(*shape.finalize_inputs)
+            return shape.x
+
+        def tail(values):
+            _, layer_input = self.torch_tail(values, *shape.consumer)
+            if shape.variant == "quant":
+                self.torch_quantize(layer_input)
+
+        for path, peer_name in (("unfused-nccl", "nccl_all_reduce"), ("unfused-one-shot", "one_shot_all_reduce")):
+            if not self.wanted(path):
+                continue
+            peer = peers.get(peer_name)
+            if peer is None:
+                self.skip(shape.hidden, shape.variant, path, f"{peer_name} cannot run here")
+                continue
+            samples = self.timed_peer(shape.hidden, shape.variant, shape.m, path,
+                                      lambda p=peer: tail(p(contribution())), peer.after_capture)
+            if samples:
+                self.record(shape.hidden, shape.variant, shape.m, path, samples)
+
+    def _fusion_rows(self, shape, fusion: dict, ceilings: Ceilings) -> None:
+        if not fusion:
+            return
+        residual_in = shape.inputs["residual"].view(shape.m, shape.hidden)  # hc = 1
+        gamma = shape.inputs["norm_weight"]
+        residual_out, norm_out = torch.empty_like(residual_in), torch.empty_like(residual_in)
+        for path, peer in fusion.items():
+            reason = peer.skip_reason(shape.variant, shape.m)
+            if reason is not None:
+                self.skip(shape.hidden, shape.variant, path, reason,
+                          shape.m if shape.variant == "plain" else None)
+                continue
+            if shape.variant == "finalize":
+                gemm2, weights, indices, shared = shape.finalize_inputs
+                scales = weights.to(torch.bfloat16)  # the kernel reads router weights as the activation type
+                call = (lambda p=peer: p.finalize(gemm2, scales, indices, shared, residual_in, gamma, EPS,
+                                                  residual_out, norm_out))
+            else:
+                call = (lambda p=peer: p.plain(shape.x, residual_in, gamma, EPS, residual_out, norm_out))
+            samples = self.timed_peer(shape.hidden, shape.variant, shape.m, path, call, peer.after_capture)
+            if samples:
+                self.record(shape.hidden, shape.variant, shape.m, path, samples,
+                            shape.floor("ll" if path.endswith("oneshot") else "bt", ceilings))
+
+    # -- notes -----------------------------------------------------------------------------------
+    def _summary_notes(self, hidden: int, ceilings: Ceilings, chosen: dict, kernels: dict) -> None:
+        if chosen:
+            if set(chosen.values()) == {"none"}:
+                self.note(hidden, f"unfused-best at H={hidden}: no all-reduce (a group of one), the strong "
+                                  f"kernels alone")
+            else:
+                self.note(hidden, f"unfused-best at H={hidden}: {self._runs(chosen)}")
+        tails = [r for r in self.rows if r["hidden"] == hidden and r["path"] == STRONG_TAIL
+                 and r["m"] >= TAIL_BAR_FROM_M]
+        for variant in self.args.variants:
+            forms = {m: form for (v, m), form in kernels.items() if v == variant}
+            if forms:
+                self.note(hidden, f"strong tail form {variant} H={hidden}: {self._runs(forms)}")
+            fractions = [r["floor_us"] / r["us_median"] for r in tails if r["variant"] == variant]
+            if fractions:
+                self.note(hidden, f"strong tail {variant} H={hidden}: {min(fractions):.0%}-{max(fractions):.0%} "
+                                  f"of the device copy ({ceilings.hbm_gbps:.0f} GB/s) from M = {TAIL_BAR_FROM_M}")
+
+    def _runs(self, choices: dict) -> str:
+        """{M: name} as "a at M=1-64, b at M=100-8192" over the sweep's Ms in order."""
+        runs: list[list] = []
+        for m in (m for m in self.rows_m if m in choices):
+            if runs and runs[-1][2] == choices[m]:
+                runs[-1][1] = m
+            else:
+                runs.append([m, m, choices[m]])
+        return ", ".join(f"{name} at M={a}" + (f"-{b}" if b != a else "") for a, b, name in runs)
+
+    def finish(self, out: Path, gpu: str, ceilings: Ceilings) -> None:
+        skipped = [skip_note(hidden, self.hc, variant, path, reason, sorted(ms))
+                   for (hidden, variant, path, reason), ms in self.skips.items()]
+        if self.rank == 0:
+            write_results(self.rows, self.notes + skipped, out, gpu, self.tp, ceilings, self.args, self.args.merge)
+
+
+class _Shape:
+    """One (hidden, variant, M) of the sweep: its inputs on the device and its byte floors."""
+
+    def __init__(self, sweep: Sweep, hidden: int, variant: str, m: int):
+        from ..mxfp8 import mxfp8_scale_bytes
+
+        self.sweep, self.hidden, self.variant, self.m = sweep, hidden, variant, m
+        args, device, rank = sweep.args, sweep.device, sweep.rank
+        inputs = random_inputs(sweep.tp, m, hidden, sweep.hc, seed=m,
+                               top_k=args.top_k if variant == "finalize" else 0, zero_row=False, device=device)
+        if sweep.hc == 1:  # the op is then all-reduce + residual add + RMSNorm, FlashInfer's fusion
+            for name in ("post", "comb", "pre"):
+                inputs[name].fill_(1.0)
+        self.inputs = inputs
+        self.x = inputs["xs"][rank]
+        self.consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], EPS)
+        self.finalize_inputs = None
+        if variant == "finalize":
+            self.finalize_inputs = (inputs["gemm2s"][rank], inputs["weights"][rank], inputs["idxs"][rank],
+                                    inputs["shareds"][rank])
+        self.mxfp8 = None
+        if variant == "quant":
+            self.mxfp8 = (torch.empty((m, hidden), dtype=torch.float8_e4m3fn, device=device),
+                          torch.empty(mxfp8_scale_bytes(m, hidden), dtype=torch.uint8, device=device))
+
+    def floor(self, protocol: str, ceilings: Ceilings) -> float:
+        s = self.sweep
+        return floor_us(protocol, self.variant, s.tp, self.m, self.hidden, ceilings, s.hc, s.args.top_k)

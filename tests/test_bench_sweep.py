@@ -1,0 +1,90 @@
+"""The whole sweep on CPU ranks of a gloo group: every path built, called and recorded as on GPUs,
+with the CUDA-graph timer replaced by a stand-in that calls each path once and the Triton kernels
+interpreted (``auto`` runs the torch path there). It checks the plumbing, not the speed."""
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu.harness import run_ranks  # noqa: E402
+
+H = 256
+
+
+def _sweep_body(rank, tp, out, variants, late=False):
+    import torch
+
+    from lamport_mhc.bench import Ceilings, sweep as sweep_module
+    from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail
+
+    calls = []
+
+    def one_call(fn, calls_per_graph, replays, after_capture=None):
+        fn()
+        if after_capture is not None:
+            after_capture()
+        calls.append(fn)
+        return [float(len(calls))] * replays  # later paths look slower: unfused-best takes the first
+
+    sweep_module.time_graph = one_call
+    sweep_module.StrongTail = lambda *a, **k: StrongTail(*a, **k, interpret=True)
+    sweep_module.StrongFinalize = lambda *a, **k: StrongFinalize(*a, **k, interpret=True)
+
+    def no_flashinfer():
+        raise ImportError("flashinfer stand-in: not installed")
+
+    args = SimpleNamespace(paths=None, hc=4, rows=[1, 3], variants=variants, calls=50, replays=5, hidden=[H],
+                           merge=None, top_k=2, backends=["triton"], compile_tail=False)
+    import torch.distributed as dist
+
+    sweep = sweep_module.Sweep(args, dist.group.WORLD, torch.device("cpu"))
+    sweep.flashinfer.api_factory = no_flashinfer
+    ceilings = Ceilings(None if tp == 1 else 100.0, 1000.0)
+    sweep.run_hidden(H, ceilings)
+    if late:  # the time budget runs out: the next hidden size stops before its first M, the one after is skipped
+        sweep.deadline = 0.0
+        sweep.run_hidden(2 * H, ceilings)
+        sweep.run_hidden(4 * H, ceilings)
+    sweep.finish(Path(out), "cpu", ceilings)
+    return sorted({(r["variant"], r["path"]) for r in sweep.rows})
+
+
+def _paths(rows, variant):
+    return {path for v, path in rows if v == variant}
+
+
+def test_sweep_on_one_rank(tmp_path):
+    rows, = run_ranks(_sweep_body, 1, args=(str(tmp_path), ["plain", "finalize", "quant"], True), backend="gloo",
+                      timeout_s=300)
+    # One GPU: no forced protocols, no mailbox floor, unfused-best is the strong kernels alone.
+    assert _paths(rows, "plain") == {"auto", "strong-tail", "unfused-best", "unfused-nccl", "nccl_all_reduce"}
+    assert _paths(rows, "finalize") == _paths(rows, "quant") == {"auto", "strong-tail", "unfused-best", "unfused-nccl"}
+    notes = json.loads((tmp_path / "cpu_tp1_notes.json").read_text())
+    texts = [n["text"] for n in notes]
+    assert "unfused-best at H=256: no all-reduce (a group of one), the strong kernels alone" in texts
+    assert "strong tail form quant H=256: row at M=1-3" in texts  # both forms timed, the faster kept
+    assert "time budget H=512: stopped before M=1; not measured: 1, 3" in texts
+    assert "time budget H=1024: not measured, the budget ran out before it" in texts
+    assert any(t.startswith("build triton-local H=256: RuntimeError") for t in texts)  # no CUDA device here
+    skipped = {n["skipped"]["path"]: n["skipped"]["reason"] for n in notes if "skipped" in n}
+    assert "refuses a group of 1" in skipped["flashinfer_all_reduce"]
+    assert skipped["lamport-ar-floor"] == "a group of one has no all-reduce to bound"
+    assert "symmetric memory is unavailable" in skipped["one_shot_all_reduce"]
+    csv_text = (tmp_path / "cpu_tp1.csv").read_text()
+    assert csv_text.startswith("tp,hc,hidden,variant,m,path,") and ",speedup_vs_best\n" in csv_text.splitlines()[0] + "\n"
+    strong = [line for line in csv_text.splitlines() if ",strong-tail," in line]
+    assert len(strong) == 6 and all(line.split(",")[8] for line in strong)  # every strong-tail row has a floor
+
+
+def test_sweep_on_two_ranks(tmp_path):
+    first, second = run_ranks(_sweep_body, 2, args=(str(tmp_path), ["plain", "finalize"]), backend="gloo",
+                              timeout_s=300)
+    assert first == second
+    assert _paths(first, "plain") == {"auto", "strong-tail", "unfused-best", "unfused-nccl", "nccl_all_reduce"}
+    notes = json.loads((tmp_path / "cpu_tp2_notes.json").read_text())
+    assert "unfused-best at H=256: nccl_all_reduce at M=1-3" in [n["text"] for n in notes]
+    skipped = {n["skipped"]["path"]: n["skipped"]["reason"] for n in notes if "skipped" in n}
+    assert "flashinfer stand-in: not installed" in skipped["vllm_custom_all_reduce"]
+    assert "unfused-one-shot" in skipped and "two_shot_all_reduce" in skipped
