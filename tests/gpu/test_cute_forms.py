@@ -3,7 +3,8 @@ of one, whose every call is the local form): every variant over M across the for
 cluster form up to ``launcher.SPLIT_ROWS`` rows, the streaming form above), at the model sizes,
 bit-exact with the reference and cross-checked against Triton on every call; each launch is
 recorded, so the test also fails if a call took another form than its rows call for. Then CUDA
-graphs of both forms over one instance, replayed in random order with eager calls between them.
+graphs of both forms over one instance (graphs of many rows too, which test_engine_graphs.py's decode
+sizes leave out), replayed in random order with eager calls between them.
 
     LAMPORT_MHC_TEST_TP=1 timeout 500 python -m pytest -q tests/gpu -k cute
 """
@@ -15,9 +16,8 @@ import torch
 
 from lamport_mhc.testing import assert_outputs_match, expected_outputs, random_inputs
 
-from .bodies import EPS, HC, TOP_K, TP, VARIANTS, build, check, run_variant
+from .bodies import EPS, HC, TOP_K, TP, VARIANTS, build, check, require_backend, run_variant
 from .harness import require_gpus, run_ranks
-from .test_fused_backends import require_backend
 
 CAPACITY = 2048
 
