@@ -72,7 +72,8 @@ def test_presets_file_round_trip_and_override(tmp_path, monkeypatch):
     monkeypatch.setenv(presets.PRESETS_ENV, str(file))
     assert presets.lookup("hopper", 2, 5120) == mine             # the file's row wins over the table's
     assert presets.lookup("hopper", 2, 4096) == presets.PRESETS[("hopper", 2, 4096)]
-    assert presets.lookup("hopper", 1, 4096) == presets.FALLBACK
+    assert presets.lookup("hopper", 1, 4096) == presets.PRESETS[("hopper", 1, 4096)]  # a key the file lacks
+    assert presets.lookup("hopper", 4, 4096) == presets.FALLBACK
     preset, where = presets.resolve("hopper", 1, 5120)
     assert preset.source == str(csv_path) and where == f"file {file} ({presets.PRESETS_ENV})"
     assert presets.resolve("hopper", 2, 4096)[1] == "built-in table"
