@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from lamport_mhc import reference  # noqa: E402
 from lamport_mhc.bench.floors import tail_bytes  # noqa: E402
 from lamport_mhc.bench.strong_tail import STRATEGIES, StrongFinalize, StrongTail  # noqa: E402
+from lamport_mhc.bench.timing import time_graph  # noqa: E402
 from lamport_mhc.mxfp8 import mxfp8_quantize_reference, mxfp8_scale_bytes  # noqa: E402
 
 BAR, FROM_M, HC, TOP_K = 0.85, 1024, 4, 6
@@ -36,26 +37,7 @@ def graph_us(fn, calls=50, replays=5, interpret=False) -> float:
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e6
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
+    return statistics.median(time_graph(fn, calls, replays))
 
 
 def relative_error(actual, expected) -> float:

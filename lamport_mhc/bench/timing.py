@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 def time_graph(fn, calls: int, replays: int, after_capture=None) -> list[float]:
-    """Per-replay microseconds per call, each the max over ranks. ``after_capture`` runs on every
-    rank between capture and the first replay (vLLM's custom all-reduce registers the buffers the
-    graph captured there)."""
+    """Per-replay microseconds per call, each the max over ranks (one process without a group: its
+    own). ``after_capture`` runs on every rank between capture and the first replay (vLLM's custom
+    all-reduce registers the buffers the graph captured there)."""
     import torch
     import torch.distributed as dist
 
@@ -23,9 +23,11 @@ def time_graph(fn, calls: int, replays: int, after_capture=None) -> list[float]:
             fn()
     if after_capture is not None:
         after_capture()
+    grouped = dist.is_available() and dist.is_initialized()
     samples = []
     for _ in range(replays):
-        dist.barrier()
+        if grouped:
+            dist.barrier()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -33,7 +35,8 @@ def time_graph(fn, calls: int, replays: int, after_capture=None) -> list[float]:
         end.record()
         end.synchronize()
         us = torch.tensor(start.elapsed_time(end) * 1e3 / calls, device="cuda")
-        dist.all_reduce(us, op=dist.ReduceOp.MAX)
+        if grouped:
+            dist.all_reduce(us, op=dist.ReduceOp.MAX)
         samples.append(us.item())
     del graph
     return samples

@@ -97,6 +97,37 @@ def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: l
     return failures
 
 
+def capture(calls):
+    """A CUDA graph of ``calls()`` (warmed up once on a side stream, identically on every rank) and
+    what the captured calls returned."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        calls()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = calls()
+    return graph, outputs
+
+
+def refill(static: dict, fresh: dict) -> None:
+    """Copy new inputs into a graph's static input tensors (per-rank lists too)."""
+    for key, value in static.items():
+        for dst, src in zip(value if isinstance(value, list) else [value],
+                            fresh[key] if isinstance(value, list) else [fresh[key]]):
+            dst.copy_(src)
+
+
+def poison(outputs) -> None:
+    """Fill a call's outputs with a pattern, so a replay that skips an element shows it."""
+    for tensor in outputs:
+        for t in tensor if isinstance(tensor, tuple) else (tensor,):
+            if t is not None:
+                t.view(torch.uint8).fill_(0xA5)
+
+
 def graph_replays(rank: int, tp: int, backend: str, calls: int, replays: int, hidden: int = 5120,
                   **config) -> list[str]:
     """Capture ``calls`` calls (LL and BT, every variant) in one CUDA graph, then replay it
@@ -105,28 +136,13 @@ def graph_replays(rank: int, tp: int, backend: str, calls: int, replays: int, hi
     op = build(hidden, 64, backend, 32, **config)
     plan = [(m_values[i % 2], VARIANTS[i % 4]) for i in range(calls)]
     static = [random_inputs(tp, m, hidden, HC, seed=i, top_k=TOP_K, device="cuda") for i, (m, _) in enumerate(plan)]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up, identical on every rank
-        for (_, variant), inputs in zip(plan, static):
-            run_variant(op, inputs, variant, rank)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = [run_variant(op, inputs, variant, rank) for (_, variant), inputs in zip(plan, static)]
+    graph, outputs = capture(lambda: [run_variant(op, inputs, variant, rank)
+                                      for (_, variant), inputs in zip(plan, static)])
     failures = []
     for replay in range(replays):
         for i, ((m, variant), inputs) in enumerate(zip(plan, static)):
-            fresh = random_inputs(tp, m, hidden, HC, seed=1000 * (replay + 1) + i, top_k=TOP_K, device="cuda")
-            for key, value in inputs.items():
-                for dst, src in zip(value if isinstance(value, list) else [value],
-                                    fresh[key] if isinstance(value, list) else [fresh[key]]):
-                    dst.copy_(src)
-            for tensor in outputs[i]:
-                for t in (tensor if isinstance(tensor, tuple) else (tensor,)):
-                    if t is not None:
-                        t.view(torch.uint8).fill_(0xA5)
+            refill(inputs, random_inputs(tp, m, hidden, HC, seed=1000 * (replay + 1) + i, top_k=TOP_K, device="cuda"))
+            poison(outputs[i])
         graph.replay()
         torch.cuda.synchronize()
         for i, ((m, variant), inputs) in enumerate(zip(plan, static)):

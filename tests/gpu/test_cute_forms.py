@@ -16,7 +16,7 @@ import torch
 
 from lamport_mhc.testing import assert_outputs_match, expected_outputs, random_inputs
 
-from .bodies import EPS, HC, TOP_K, TP, VARIANTS, build, check, require_backend, run_variant
+from .bodies import EPS, HC, TOP_K, TP, VARIANTS, build, capture, check, poison, refill, require_backend, run_variant
 from .harness import require_gpus, run_ranks
 
 CAPACITY = 2048
@@ -95,33 +95,17 @@ def _graphs_body(rank, tp, replays):
     op = build(hidden, CAPACITY, "cute", None)
     graph_rows = (3, SPLIT_ROWS, SPLIT_ROWS + 1, 1024)
     captured = {}
-    stream = torch.cuda.Stream()
     for i, m in enumerate(graph_rows):
         variant = VARIANTS[i % len(VARIANTS)]
         inputs = random_inputs(tp, m, hidden, HC, seed=m, top_k=TOP_K, device="cuda")
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up, identical on every rank
-            run_variant(op, inputs, variant, rank)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = run_variant(op, inputs, variant, rank)
-        captured[m] = (graph, variant, inputs, outputs)
+        captured[m] = (*capture(lambda: run_variant(op, inputs, variant, rank)), variant, inputs)
     rng = random.Random(14)
     failures = []
     for replay in range(replays):
         m = rng.choice(graph_rows)
-        graph, variant, inputs, outputs = captured[m]
-        fresh = random_inputs(tp, m, hidden, HC, seed=10_000 + replay, top_k=TOP_K, device="cuda")
-        for key, value in inputs.items():
-            for dst, src in zip(value if isinstance(value, list) else [value],
-                                fresh[key] if isinstance(value, list) else [fresh[key]]):
-                dst.copy_(src)
-        for tensor in outputs:
-            for t in (tensor if isinstance(tensor, tuple) else (tensor,)):
-                if t is not None:
-                    t.view(torch.uint8).fill_(0xA5)
+        graph, outputs, variant, inputs = captured[m]
+        refill(inputs, random_inputs(tp, m, hidden, HC, seed=10_000 + replay, top_k=TOP_K, device="cuda"))
+        poison(outputs)
         graph.replay()
         try:
             assert_outputs_match(outputs, expected_outputs(inputs, variant, EPS, device="cuda"))

@@ -10,7 +10,7 @@ import torch
 
 from lamport_mhc.testing import assert_outputs_match, expected_outputs, random_inputs
 
-from .bodies import EPS, HC, TOP_K, TP, VARIANTS, build, poison_allocator, run_variant
+from .bodies import EPS, HC, TOP_K, TP, VARIANTS, build, capture, poison, poison_allocator, refill, run_variant
 from .harness import require_gpus, run_ranks
 from .test_fused_backends import BACKENDS, require_backend
 
@@ -20,20 +20,6 @@ EAGER_SIZES = (3, 100, 257, 1000)         # prefill between replays
 STEPS = 60
 
 
-def _refill(static: dict, fresh: dict) -> None:
-    for key, value in static.items():
-        for dst, src in zip(value if isinstance(value, list) else [value],
-                            fresh[key] if isinstance(value, list) else [fresh[key]]):
-            dst.copy_(src)
-
-
-def _poison(outputs) -> None:
-    for tensor in outputs:
-        for t in tensor if isinstance(tensor, tuple) else (tensor,):
-            if t is not None:
-                t.view(torch.uint8).fill_(0xA5)
-
-
 def _engine_body(rank, tp, backend):
     op = build(HIDDEN, CAPACITY, backend, None)
     rng = random.Random(77)  # the same schedule on every rank
@@ -41,22 +27,14 @@ def _engine_body(rank, tp, backend):
     for m in GRAPH_SIZES:
         variant = VARIANTS[m % len(VARIANTS)]
         static = random_inputs(tp, m, HIDDEN, HC, seed=m, top_k=TOP_K, device="cuda")
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            run_variant(op, static, variant, rank)  # warm-up, identical on every rank
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = run_variant(op, static, variant, rank)
+        graph, outputs = capture(lambda: run_variant(op, static, variant, rank))
         graphs[m] = (graph, variant, static, outputs)
     failures = []
     for step in range(STEPS):
         m = rng.choice(GRAPH_SIZES)
         graph, variant, static, outputs = graphs[m]
-        _refill(static, random_inputs(tp, m, HIDDEN, HC, seed=10_000 + step, top_k=TOP_K, device="cuda"))
-        _poison(outputs)
+        refill(static, random_inputs(tp, m, HIDDEN, HC, seed=10_000 + step, top_k=TOP_K, device="cuda"))
+        poison(outputs)
         graph.replay()
         try:
             assert_outputs_match(outputs, expected_outputs(static, variant, EPS, device="cuda"))
