@@ -183,3 +183,17 @@ def test_norm_sums_each_chunk_by_the_contracts_tree(tp, hidden, split_rows):
             for path in group.paths:
                 roots = path.kernels["triton"].roots.view(-1, chunks)[:rows]
                 assert torch.equal(roots.view(torch.int32), expected.view(torch.int32))
+
+
+def test_latency_form_bound_and_residency():
+    """A call takes the latency form up to ``split_rows`` rows; LL's one-kernel form only while a
+    program per chunk of every row is resident (its programs wait for their twins on other ranks)."""
+    group = SimulatedGroup(2, hidden_size=1408, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=4)
+    kernels = group.paths[0].kernels["triton"]
+    assert kernels.chunks == 3 and kernels.split_rows == 4
+    assert [kernels._split(m) for m in (1, 4, 5)] == [3, 3, 1]
+    kernels.resident = 6  # as if the GPU held six programs at once
+    assert [kernels._split(m, waits_for_twins=True) for m in (1, 2, 3)] == [3, 3, 1]
+    assert kernels._split(3) == 3  # a consumer after its publish waits for nothing it could block
+    one_chunk = SimulatedGroup(1, hidden_size=1024, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=4)
+    assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
