@@ -5,6 +5,11 @@ addresses) and its own compiled-for-the-interpreter kernels. A call launches in 
 every rank's publish, then (BT) every rank's owner reduce, then every rank's consumer, so every spin
 loop finds its data; a kernel that still finds a slot empty records a timeout, raised here as
 RuntimeError instead of hanging. Generations persist across calls, as on the GPU.
+
+With ``device="cuda"`` the same group lives in one GPU's memory and runs the compiled kernels
+(Triton or CuTe DSL) in the same order on one stream: every protocol of a tp-rank group, checked on
+a machine with one GPU. There LL's one-kernel form is off (its halves launch separately only under
+the interpreter) and every spin loop is bounded, so a protocol bug is an error, not a hang.
 """
 
 from __future__ import annotations
@@ -20,18 +25,27 @@ from .selector import Thresholds
 from .workspace import allocate_host_group
 
 SIMULATED_BACKENDS = ("triton", "torch")
+GPU_BACKENDS = ("triton", "cute", "torch")
+GPU_SPIN_TIMEOUT_NS = 1_000_000_000  # every slot a kernel polls was written before it launched
 
 
 class SimulatedGroup:
     def __init__(self, tp: int, *, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int,
                  backend: str = "triton", quantize_layer_input: bool = False, residual_only: bool = False,
                  bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
-                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None):
+                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None, device="cpu"):
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tp must be a positive int, got {tp!r}")
-        if backend not in SIMULATED_BACKENDS:
-            raise ValueError(f"the simulated group runs {SIMULATED_BACKENDS} (CuTe DSL kernels need a GPU), "
-                             f"got {backend!r}")
+        self.device = torch.device(device)
+        on_gpu = self.device.type == "cuda"
+        if on_gpu and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if backend not in (GPU_BACKENDS if on_gpu else SIMULATED_BACKENDS):
+            raise ValueError(f"the simulated group runs {SIMULATED_BACKENDS} on the CPU (CuTe DSL kernels need a GPU) "
+                             f"and {GPU_BACKENDS} on a GPU, got {backend!r}")
+        if on_gpu and ll_one_kernel_rows:
+            raise ValueError("on a GPU the simulated group cannot run LL's one-kernel form (its publish and consume "
+                             "halves launch separately only under the interpreter): pass ll_one_kernel_rows=0")
         validate.check_build(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input)
         for name, value in (("bt_min_rows", bt_min_rows), ("bt_min_finalize_rows", bt_min_finalize_rows)):
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -49,20 +63,22 @@ class SimulatedGroup:
         self.thresholds = Thresholds(bt_min_rows or never, bt_min_finalize_rows or never)
         self.tp = tp
         self.backend = backend
-        self.device = torch.device("cpu")
+        if on_gpu:
+            ll_one_kernel_rows = 0
         self.specs = [BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp,
                                 rank=rank, quantize=quantize_layer_input, residual_only=residual_only,
                                 bt=tp > 1 and self.thresholds.bt_reachable(max_num_tokens),
                                 ll_one_kernel_rows=max_num_tokens if ll_one_kernel_rows is None else ll_one_kernel_rows,
-                                split_rows=split_rows)
+                                split_rows=split_rows, spin_timeout_ns=GPU_SPIN_TIMEOUT_NS if on_gpu else 0)
                       for rank in range(tp)]
-        self.workspaces = allocate_host_group(self.specs)
+        self.workspaces = allocate_host_group(self.specs, self.device)
         if backend == "torch":
             self.paths = None
         else:
             kernel_backend = load_backend(backend)
-            self.paths = [FusedPath(f"simulated {backend}", {backend: kernel_backend.build(spec, ws, interpret=True)},
-                                    ws, self.thresholds)
+            self.paths = [FusedPath(f"simulated {backend}",
+                                    {backend: kernel_backend.build(spec, ws, interpret=not on_gpu)}, ws,
+                                    self.thresholds)
                           for spec, ws in zip(self.specs, self.workspaces)]
 
     # -- calls -------------------------------------------------------------------------------------
@@ -97,8 +113,8 @@ class SimulatedGroup:
         mxfp8_out = None
         if mxfp8:
             h = self.specs[0].hidden
-            mxfp8_out = (torch.empty((m, h), dtype=torch.float8_e4m3fn),
-                         torch.empty(mxfp8_scale_bytes(m, h), dtype=torch.uint8))
+            mxfp8_out = (torch.empty((m, h), dtype=torch.float8_e4m3fn, device=self.device),
+                         torch.empty(mxfp8_scale_bytes(m, h), dtype=torch.uint8, device=self.device))
             # Poison: every byte the consumer must write is overwritten.
             mxfp8_out[0].view(torch.uint8).fill_(0xA5)
             mxfp8_out[1].fill_(0xA5)
@@ -115,6 +131,8 @@ class SimulatedGroup:
         for step in ("publish", "reduce", "consume"):
             for path, call in zip(self.paths, calls):
                 getattr(path, step)(call, protocol)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the timeout records are the kernels' to write
             for path in self.paths:
                 path.raise_on_timeout()
         return [call.outputs for call in calls]
