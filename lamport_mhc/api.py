@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from . import presets, validate
-from .backend import LOCAL, BuildSpec, load_backend
+from .backend import BuildSpec, load_backend
 from .call import Call
 from .config import AllReduceMHCConfig
 from .paths import FusedPath, TorchPath
@@ -126,9 +126,7 @@ class AllReduceMHC:
         all-reduce: one kernel, no mailbox); "gather" on the torch path."""
         if isinstance(self.path, TorchPath):
             return "gather"
-        if self.spec.tp == 1:
-            return LOCAL
-        return choose_protocol("finalize" if finalize else "plain", m, self.thresholds, self.spec.bt)
+        return choose_protocol("finalize" if finalize else "plain", m, self.thresholds, self.spec.protocols)
 
     def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps, mxfp8_out=None):
         """Return (post-mixed residual streams, normalized layer input); see the class docstring.

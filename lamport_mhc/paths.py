@@ -40,9 +40,7 @@ class FusedPath:
         return self.route(call) if self.route is not None else next(iter(self.kernels))
 
     def protocol(self, call: Call) -> str:
-        if self.spec.tp == 1:
-            return LOCAL
-        return choose_protocol(call.kind, call.m, self.thresholds, self.spec.bt)
+        return choose_protocol(call.kind, call.m, self.thresholds, self.spec.protocols)
 
     def run(self, call: Call) -> None:
         protocol, kernels = self.protocol(call), self.kernels[self.backend(call)]

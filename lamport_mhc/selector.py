@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import FUSED_BACKENDS, BuildSpec, Support, load_backend
+from .backend import FUSED_BACKENDS, LOCAL, BuildSpec, Support, load_backend
 from .presets import Preset
 
 
@@ -22,10 +22,13 @@ class Thresholds:
         return min(self.bt_min_rows, self.bt_min_finalize_rows) <= capacity
 
 
-def choose_protocol(kind: str, m: int, thresholds: Thresholds, bt_built: bool) -> str:
-    """BT from the threshold of the call's kind on (when the build has BT state), else LL."""
+def choose_protocol(kind: str, m: int, thresholds: Thresholds, protocols: tuple[str, ...]) -> str:
+    """Of a build's ``protocols`` (``BuildSpec.protocols``): "local" for a group of one; else BT
+    from the threshold of the call's kind on (when the build has BT state), else LL."""
+    if protocols == (LOCAL,):
+        return LOCAL
     limit = thresholds.bt_min_finalize_rows if kind == "finalize" else thresholds.bt_min_rows
-    return "bt" if bt_built and m >= limit else "ll"
+    return "bt" if "bt" in protocols and m >= limit else "ll"
 
 
 def support_table(spec: BuildSpec, device: torch.device) -> dict[str, Support]:

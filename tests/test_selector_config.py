@@ -73,11 +73,13 @@ def test_measured_presets_are_what_their_results_file_gives():
 
 def test_choose_protocol():
     thresholds = Thresholds(bt_min_rows=37, bt_min_finalize_rows=43)
-    assert choose_protocol("plain", 36, thresholds, True) == "ll"
-    assert choose_protocol("plain", 37, thresholds, True) == "bt"
-    assert choose_protocol("finalize", 42, thresholds, True) == "ll"
-    assert choose_protocol("finalize", 43, thresholds, True) == "bt"
-    assert choose_protocol("plain", 4096, thresholds, False) == "ll"  # no BT state built
+    both = ("ll", "bt")
+    assert choose_protocol("plain", 36, thresholds, both) == "ll"
+    assert choose_protocol("plain", 37, thresholds, both) == "bt"
+    assert choose_protocol("finalize", 42, thresholds, both) == "ll"
+    assert choose_protocol("finalize", 43, thresholds, both) == "bt"
+    assert choose_protocol("plain", 4096, thresholds, ("ll",)) == "ll"  # no BT state built
+    assert choose_protocol("finalize", 4096, thresholds, ("local",)) == "local"  # a group of one
 
 
 def test_support_on_a_cpu_machine_says_why():

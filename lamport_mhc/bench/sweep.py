@@ -256,7 +256,7 @@ class Sweep:
                 call = (lambda op=op: op.finalize(*shape.finalize_inputs, *shape.consumer))
             else:
                 call = (lambda op=op: op(shape.x, *shape.consumer, mxfp8_out=shape.mxfp8))
-            protocol = "local" if self.tp == 1 else op.protocol(shape.m, shape.variant == "finalize")
+            protocol = op.protocol(shape.m, shape.variant == "finalize")
             samples = self.guarded(shape.hidden, f"{path} {shape.variant} H={shape.hidden} M={shape.m}",
                                    lambda c=call: time_graph(c, self.args.calls, self.args.replays))
             if samples:  # auto on the unfused torch path ("gather") has no fused floor
