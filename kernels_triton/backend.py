@@ -14,10 +14,11 @@ from lamport_mhc.call import Call
 from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
-from .consumer import CONSUME_ONLY, PUBLISH_ONLY
+from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
 from .plan import kernel_plan, row_chunks
 
-PHASE_CODES = {"publish": PUBLISH_ONLY.value, "consume": CONSUME_ONLY.value}
+PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
+               "both": ALL_PHASES.value}
 
 MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
 
@@ -49,9 +50,8 @@ class TritonKernels:
         # Stand-ins for pointer arguments a specialization never dereferences.
         self._unused = {dtype: torch.zeros(16, dtype=dtype, device=device)
                         for dtype in (torch.int16, torch.float32, torch.int32, torch.uint8, torch.int64)}
-        # The latency form's scratch: each token's chunk roots and its arrival count (0 between calls).
-        self.roots = torch.zeros(spec.capacity * self.chunks, dtype=torch.float32, device=device)
-        self.arrivals = torch.zeros(spec.capacity, dtype=torch.int32, device=device)
+        # The cooperative form's root slots: per token and chunk, epoch << 32 | the chunk root's bits.
+        self.root_slots = torch.zeros(spec.capacity * self.chunks, dtype=torch.int64, device=device)
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else torch.cuda.get_device_properties(device).multi_processor_count
         self.split_rows = self._split_rows()
@@ -63,8 +63,8 @@ class TritonKernels:
             self._compile_all()
 
     def _split_rows(self) -> int:
-        """Calls of at most this many rows take the latency form (a program per chunk of a token):
-        by default while the call's programs fill the GPU once (on CPU: never, unless asked)."""
+        """Calls of at most this many rows take the cooperative form (a program per chunk of a
+        token): by default while the call's programs fill the GPU once (on CPU: never, unless asked)."""
         if self.chunks == 1:
             return 0
         if self.spec.split_rows is not None:
@@ -89,9 +89,20 @@ class TritonKernels:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
-    def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, **overrides):
+    def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both"):
+        """One launch of ``m * split`` programs (a token's adjacent). The interpreter, which runs
+        programs one after another, runs a cooperative form's normalize as a second launch, once
+        every program has left its chunk root."""
         split = self._split(m, waits_for_twins)
-        self._launch(name + ("_split" if split > 1 else ""), (m, split), *args, **overrides)
+        name += "_split" if split > 1 else ""
+        if not self.interpret:
+            if phases != "both":
+                raise ValueError(f"{name}: a compiled kernel runs all its phases in one launch, got {phases!r}")
+            return self._launch(name, (m * split,), *args)
+        code = PHASE_CODES[phases]
+        launches = [code & ~NORMALIZE_PHASE.value, code & NORMALIZE_PHASE.value] if split > 1 else [code]
+        for phases_code in filter(None, launches):
+            self._launch(name, (m * split,), *args, PHASES=phases_code)
 
     def _compile_all(self) -> None:
         """Compile every kernel now, so no call (and no CUDA-graph capture) compiles."""
@@ -143,9 +154,8 @@ class TritonKernels:
 
     def publish_and_consume(self, call: Call, phases: str = "both") -> None:
         name, publish = self._with_contribution("one_kernel", call)
-        phase_overrides = {} if phases == "both" else {"PHASES": PHASE_CODES[phases]}
         self._launch_consumer(f"{name}_ll_{call.consumer.variant}", call.m, *self._consumer_args("ll", call.consumer),
-                              *publish, self._ll_peers, self._ll_multicast, waits_for_twins=True, **phase_overrides)
+                              *publish, self._ll_peers, self._ll_multicast, waits_for_twins=True, phases=phases)
 
     def local(self, call: Call) -> None:
         name, publish = self._with_contribution("local", call)
@@ -161,7 +171,7 @@ class TritonKernels:
                         self._unused[torch.int32])
 
     def _consumer_args(self, protocol: str, args: ConsumerArgs) -> list:
-        """The consumer's arguments up to ``arrivals_ptr`` (the contribution's arguments follow)."""
+        """The consumer's arguments up to ``root_slots_ptr`` (the contribution's arguments follow)."""
         ws = self.workspace
         source = {"bt": lambda: ws.bt_sums.local, "ll": lambda: ws.ll.local,
                   "local": lambda: self._unused[torch.int16]}[protocol]()
@@ -173,4 +183,4 @@ class TritonKernels:
                 u8 if args.mxfp8_values is None else args.mxfp8_values.view(torch.uint8),
                 u8 if args.mxfp8_scales is None else args.mxfp8_scales, ws.state(protocol), ws.error,
                 float(args.norm_eps), args.residual.shape[0], self.spec.spin_timeout_ns, self.spec.capacity,
-                self.roots, self.arrivals]
+                self.root_slots]

@@ -3,24 +3,33 @@ streams, collapse them with the pre-mix, RMS-normalize, and optionally write the
 
 The row is walked in ``CHUNKS`` aligned chunks of ``CHUNK`` columns (a power of two; the last chunk
 is masked where CHUNK does not divide HIDDEN), 16 bytes per thread and access, so no program holds
-the whole row and none pads it to a power of two. A token is spread over ``SPLIT`` programs (grid
-``(M, SPLIT)``), each taking ``CHUNKS // SPLIT`` consecutive chunks: SPLIT = 1 streams (bandwidth,
-large M), SPLIT = CHUNKS spreads a token over the GPU (latency, small M).
+the whole row and none pads it to a power of two. A token is taken by ``SPLIT`` programs, adjacent
+in the 1-D grid: SPLIT = 1 streams (a program walks the row twice: bandwidth, large M); SPLIT =
+CHUNKS is the cooperative form (a program per chunk: latency, small M).
 
 The norm's sum of squares stays the contract's adjacent-pair tree over the row padded with +0 to a
 power of two: every chunk is an aligned subtree of it, so each chunk's own tree, and the chunk roots
 joined by the same tree (padded with +0 roots), give its bits; a taller tree only adds +0.0 at its
-root, which is exact for every sum of squares. Between the two passes the prenormalized row waits
-in ``layer_out`` (its bf16 bits: the contract rounds it there anyway). With SPLIT > 1 a program
-stores its chunk roots into the token's row of ``roots``, counts itself in the token's ``arrivals``
-word, and the last to arrive resets the count and normalizes the whole row; nothing waits.
+root, which is exact for every sum of squares.
+- Streaming: between the two passes the prenormalized row waits in ``layer_out`` (its bf16 bits:
+  the contract rounds it there anyway).
+- Cooperative: a program keeps its prenormalized chunk in registers and exchanges chunk roots with
+  the token's other programs through ``root_slots`` (int64 [capacity, CHUNKS]), Lamport style: a
+  slot is one 64-bit word, epoch in the high half and the root's bits in the low half, so a root is
+  its own ready flag. The epoch is one more than the program's own slot held (only that program
+  writes it, and a token's slots are always written together, so they agree); it waits until every
+  slot of its token carries it, then normalizes its own chunk. The programs of a token are adjacent
+  in the grid, so they are dispatched together.
 
 Specialized by constexprs:
 - ``PUBLISH`` (LL only): 0, the publish kernel ran before; otherwise the call is one kernel, whose
   programs first store their chunks of the token's contribution (1: ``x``, 2: the MoE finalize) into
   every rank's mailbox and then consume them. Every program must be resident at once, as each waits
-  for its twins on the other ranks. ``PHASES`` (publish only, consume only, both) lets the simulated
-  group, which runs ranks one after another, launch the two halves separately.
+  for its twins on the other ranks.
+- ``PHASES``: which of publish / mix / normalize a launch runs (bits; the GPU runs all in one). The
+  simulated group, which runs ranks and programs one after another, launches them separately: the
+  one-kernel form's publish before any rank consumes, and the cooperative form's normalize after
+  all of the rank's programs have left their roots (its prenormalized chunks parked in ``layer_out``).
 - ``LOCAL`` (a group of one, with ``PUBLISH`` naming the contribution): the contribution is the
   reduced row (the contract's sum of one contribution); no mailbox, no poll, no generation.
 - ``REDUCED`` (BT): the mailbox holds the owners' sums ``[gen][t]``; otherwise (LL) it holds every
@@ -42,7 +51,9 @@ from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, in
 
 PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-PUBLISH_ONLY, CONSUME_ONLY, BOTH_PHASES = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+# PHASES bits.
+PUBLISH_PHASE, MIX_PHASE, NORMALIZE_PHASE = tl.constexpr(1), tl.constexpr(2), tl.constexpr(4)
+ALL_PHASES = tl.constexpr(7)
 
 
 @triton.jit
@@ -69,9 +80,10 @@ def _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, ge
 @triton.jit
 def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
                layer_out_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, BLOCK_HC: tl.constexpr,
-               CHUNK: tl.constexpr, VARIANT: tl.constexpr, ON_GPU: tl.constexpr):
-    """The first pass over one chunk: post-mix and store the streams; then (with the norm) collapse,
-    park the prenormalized chunk in ``layer_out`` and return the root of its squares' tree."""
+               CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, ON_GPU: tl.constexpr):
+    """The first pass over one chunk: post-mix and store the streams; then (with the norm) collapse
+    and return the prenormalized chunk's bf16 bits and the root of its squares' tree, having parked
+    the chunk in ``layer_out`` if ``PARK`` (the second pass reads it back there)."""
     # Post-mix, all targets at once: m[j] = reduced * post[j], then m[j] = fma(res[s], comb[s, j], m[j]).
     mixed = bf16_to_f32(reduced)[None, :] * post[:, None]
     for source in tl.static_range(HC):
@@ -83,6 +95,7 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
     tile = (token * HC + streams[:, None]) * HIDDEN + h[None, :]
     tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :])
     root = tl.zeros([], tl.float32)
+    prenorm_bits = tl.zeros([CHUNK], tl.int16)
     if VARIANT != RESIDUAL_ONLY:
         # Collapse with the pre-mix, in target order.
         collapsed = tl.zeros([CHUNK], tl.float32)
@@ -92,10 +105,11 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
             stream = bf16_to_f32(row_of(residual_out, streams, target).to(tl.int16))
             collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
         prenorm_bits = f32_to_bf16(collapsed, ON_GPU)
-        tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
+        if PARK:
+            tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
         prenorm = bf16_to_f32(prenorm_bits)
         root = pairwise_sum(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK)
-    return root
+    return root, prenorm_bits
 
 
 @triton.jit
@@ -140,37 +154,51 @@ def _normalize_chunk(prenorm_bits, gamma_bits, inv_rms, token, num_tokens, chunk
 
 
 @triton.jit
+def _inverse_rms(roots, eps, HIDDEN: tl.constexpr, ROOTS: tl.constexpr):
+    """1 / sqrt(mean of squares + eps) from the chunk roots: their tree, IEEE division and square root."""
+    mean = tl.math.div_rn(pairwise_sum(roots, ROOTS), tl.full([], HIDDEN, tl.float32)) + eps
+    return tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.math.sqrt_rn(mean))
+
+
+@triton.jit
 def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
                    HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-                   VARIANT: tl.constexpr, LOADS_FIRST: tl.constexpr, ON_GPU: tl.constexpr):
-    """The second pass over the whole row: RMSNorm of the parked prenormalized row (the chunk roots'
-    tree, then IEEE division and square root), times gamma, and the MXFP8 copy. ``LOADS_FIRST``
-    (one program finishing a token alone) issues every chunk's loads before the first store, so
-    their latencies overlap; otherwise chunk by chunk (other programs hide the latency)."""
-    sum_squares = pairwise_sum(roots, ROOTS)
-    mean = tl.math.div_rn(sum_squares, tl.full([], HIDDEN, tl.float32)) + eps
-    inv_rms = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.math.sqrt_rn(mean))
+                   VARIANT: tl.constexpr, ON_GPU: tl.constexpr):
+    """The streaming form's second pass over the whole parked row, chunk by chunk (the other
+    programs on the SM hide the latency)."""
+    inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
     row = layer_out_ptr + token * HIDDEN
-    # The parked row was written by other threads (or programs) of this token: read from L2, past
-    # this SM's L1.
-    if LOADS_FIRST:
-        parked = ()
-        gammas = ()
-        for chunk in tl.static_range(CHUNKS):
-            h = chunk * CHUNK + tl.arange(0, CHUNK)
-            parked = parked + (tl.load(row + h, mask=h < HIDDEN, other=0, cache_modifier=".cg"),)
-            gammas = gammas + (tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0),)
-        for chunk in tl.static_range(CHUNKS):
-            h = chunk * CHUNK + tl.arange(0, CHUNK)
-            _normalize_chunk(parked[chunk], gammas[chunk], inv_rms, token, num_tokens, chunk, h, h < HIDDEN,
-                             layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
+    for chunk in range(CHUNKS):
+        h = chunk * CHUNK + tl.arange(0, CHUNK)
+        in_row = h < HIDDEN
+        # Written by other threads of this program: read from L2, past this SM's L1.
+        _normalize_chunk(tl.load(row + h, mask=in_row, other=0, cache_modifier=".cg"),
+                         tl.load(gamma_ptr + h, mask=in_row, other=0), inv_rms, token, num_tokens, chunk, h,
+                         in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
+
+
+@triton.jit
+def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen, generation,
+                mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr,
+                indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN: tl.constexpr, HC: tl.constexpr,
+                TP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr,
+                REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr, LOCAL: tl.constexpr,
+                PARK: tl.constexpr, ON_GPU: tl.constexpr):
+    """The first pass over chunk ``chunk`` of the token: its reduced row (the contribution itself, or
+    the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``."""
+    h = chunk * CHUNK + tl.arange(0, CHUNK)
+    in_row = h < HIDDEN
+    if residual is None:
+        residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
+                           other=0).to(tl.int32)
+    if LOCAL:
+        reduced = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
+                                     PUBLISH == PUBLISH_FINALIZE, ON_GPU)
     else:
-        for chunk in range(CHUNKS):
-            h = chunk * CHUNK + tl.arange(0, CHUNK)
-            in_row = h < HIDDEN
-            _normalize_chunk(tl.load(row + h, mask=in_row, other=0, cache_modifier=".cg"),
-                             tl.load(gamma_ptr + h, mask=in_row, other=0), inv_rms, token, num_tokens, chunk, h,
-                             in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
+        reduced = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity,
+                                 TP, HIDDEN, REDUCED, ON_GPU)
+    return _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
+                      layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, ON_GPU)
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
@@ -192,8 +220,7 @@ def consumer_kernel(
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever
     capacity,         # max_num_tokens of the build
-    roots_ptr,        # fp32 [capacity, CHUNKS]: chunk roots of the norm's tree          (SPLIT > 1)
-    arrivals_ptr,     # int32 [capacity]: programs of a token done with their chunks, 0 between calls
+    root_slots_ptr,   # int64 [capacity, CHUNKS]: epoch << 32 | chunk root bits   (SPLIT > 1)
     x_ptr,            # int16 [M, H]: x, or the shared expert output          (PUBLISH)
     gemm2_ptr,        # int16 [rows, H]                                       (PUBLISH_FINALIZE)
     weights_ptr,      # fp32 [M, TOP_K]                                       (PUBLISH_FINALIZE)
@@ -206,95 +233,106 @@ def consumer_kernel(
     LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    PER: tl.constexpr = CHUNKS // SPLIT  # chunks per program
-    token = tl.program_id(0).to(tl.int64)
-    part = tl.program_id(1)
+    tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
+    # (A flag computed from a plain constexpr is a bool under the interpreter, which has no bool & constexpr:
+    # such flags come last in the conditions.)
+    COOPERATIVE: tl.constexpr = SPLIT > 1
+    MIX: tl.constexpr = (MIX_PHASE & PHASES) != 0
+    NORMALIZE: tl.constexpr = ((NORMALIZE_PHASE & PHASES) != 0) & (VARIANT != RESIDUAL_ONLY)
+    ONE_KERNEL: tl.constexpr = (PUBLISH != NO_PUBLISH) & (not LOCAL)
+    program = tl.program_id(0)
+    token = (program // SPLIT).to(tl.int64)
+    part = program % SPLIT  # the chunk of a cooperative program
     c = tl.arange(0, CHUNK)
     streams = tl.arange(0, BLOCK_HC)
     in_streams = streams < HC
     tile_rows = (token * HC + streams[:, None]) * HIDDEN
-
-    # A kernel that starts the call waits for the previous kernel before it reads anything. After a
-    # publish kernel (which waited for it) the inputs may be read before this kernel's wait, so their
-    # latencies overlap the wait for the peers.
-    if (PUBLISH != NO_PUBLISH) | LOCAL:
-        ptx.grid_dependency_wait(USE_PDL, ON_GPU)
-    post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
-    comb_bits = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
-                        mask=in_streams[:, None] & in_streams[None, :], other=0.0).to(tl.int32, bitcast=True)
-    pre_bits = tl.zeros([BLOCK_HC], tl.int32)
-    if VARIANT != RESIDUAL_ONLY:
-        pre_bits = tl.load(pre_ptr + token * HC + streams, mask=in_streams, other=0.0).to(tl.int32, bitcast=True)
-    if LOCAL:
-        generation = tl.zeros([], tl.int32)  # no mailbox, no generation
-    elif PUBLISH != NO_PUBLISH:
-        generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
-    if (PUBLISH == NO_PUBLISH) & (PER == 1):  # the one chunk's streams, before the wait
-        h0 = part * CHUNK + c
-        residual0 = tl.load(residual_ptr + tile_rows + h0[None, :],
-                            mask=in_streams[:, None] & (h0 < HIDDEN)[None, :], other=0).to(tl.int32)
-    if PUBLISH == NO_PUBLISH:
-        ptx.grid_dependency_wait(USE_PDL, ON_GPU)
-        generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
-    gen = generation.to(tl.int64)
-
-    if (PUBLISH != NO_PUBLISH) & (not LOCAL) & (PHASES != CONSUME_ONLY):
-        for i in range(PER):
-            h = (part * PER + i) * CHUNK + c
-            contribution = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
-                                              HIDDEN, TOP_K, PUBLISH == PUBLISH_FINALIZE, ON_GPU)
-            slot = ((gen * TP + RANK) * capacity + token) * HIDDEN + (part * PER + i) * CHUNK
-            lamport.broadcast(contribution, slot, h < HIDDEN, peer_table_ptr, multicast_address, TP, CHUNK,
-                              MULTICAST)
-    if PHASES == PUBLISH_ONLY:
-        return
-    if (PUBLISH != NO_PUBLISH) & (not LOCAL):
-        # Every program has read the generation; the last to arrive advances it (at the end of the
-        # kernel, so the atomic's round trip overlaps the wait for the peers).
-        arrived = tl.atomic_add(state_ptr + lamport.STATE_ARRIVED, 1, sem="acq_rel")
-
-    roots = tl.zeros([ROOTS], tl.float32)
     root_index = tl.arange(0, ROOTS)
-    for i in range(PER):
-        chunk = part * PER + i
-        h = chunk * CHUNK + c
-        in_row = h < HIDDEN
-        if (PUBLISH == NO_PUBLISH) & (PER == 1):
-            residual = residual0
-        else:
-            residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
-                               other=0).to(tl.int32)
-        if LOCAL:
-            reduced = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
-                                         HIDDEN, TOP_K, PUBLISH == PUBLISH_FINALIZE, ON_GPU)
-        else:
-            reduced = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation,
-                                     capacity, TP, HIDDEN, REDUCED, ON_GPU)
-        root = _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row,
-                          residual_out_ptr, layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, ON_GPU)
-        roots = tl.where(root_index == chunk, root, roots)
-    if (PUBLISH == NO_PUBLISH) & (not REDUCED):
-        if (token == 0) & (part == 0):
-            lamport.advance_generation(state_ptr, generation)
+    token_slots = root_slots_ptr + token * CHUNKS
 
-    if VARIANT != RESIDUAL_ONLY:
-        if SPLIT == 1:
+    if PHASES == NORMALIZE_PHASE:
+        # The simulated group's second launch of the cooperative form: this program's chunk and slot
+        # were left by the first.
+        h = part * CHUNK + c
+        prenorm = tl.load(layer_out_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
+        epoch = lamport.slot_epoch(ptx.load_relaxed_b64(token_slots + part, ON_GPU))
+    else:
+        # A kernel that starts the call waits for the previous kernel before it reads anything. After a
+        # publish kernel (which waited for it) the inputs may be read before this kernel's wait, so their
+        # latencies overlap the wait for the peers.
+        if (PUBLISH != NO_PUBLISH) | LOCAL:
+            ptx.grid_dependency_wait(USE_PDL, ON_GPU)
+        post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
+        comb_bits = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
+                            mask=in_streams[:, None] & in_streams[None, :], other=0.0).to(tl.int32, bitcast=True)
+        pre_bits = tl.zeros([BLOCK_HC], tl.int32)
+        if VARIANT != RESIDUAL_ONLY:
+            pre_bits = tl.load(pre_ptr + token * HC + streams, mask=in_streams, other=0.0).to(tl.int32, bitcast=True)
+        if LOCAL:
+            generation = tl.zeros([], tl.int32)  # no mailbox, no generation
+        elif PUBLISH != NO_PUBLISH:
+            generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
+        residual0 = None
+        if (PUBLISH == NO_PUBLISH) & COOPERATIVE:  # the one chunk's streams, before the wait
+            h0 = part * CHUNK + c
+            residual0 = tl.load(residual_ptr + tile_rows + h0[None, :],
+                                mask=in_streams[:, None] & (h0 < HIDDEN)[None, :], other=0).to(tl.int32)
+        if PUBLISH == NO_PUBLISH:
+            ptx.grid_dependency_wait(USE_PDL, ON_GPU)
+            generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
+        gen = generation.to(tl.int64)
+        if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE & MIX:  # only this program writes its slot: no race
+            epoch = lamport.slot_epoch(ptx.load_relaxed_b64(token_slots + part, ON_GPU)) + 1
+
+        if ONE_KERNEL & ((PUBLISH_PHASE & PHASES) != 0):
+            for i in range(CHUNKS // SPLIT):
+                chunk = part + i
+                h = chunk * CHUNK + c
+                contribution = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
+                                                  HIDDEN, TOP_K, PUBLISH == PUBLISH_FINALIZE, ON_GPU)
+                slot = ((gen * TP + RANK) * capacity + token) * HIDDEN + chunk * CHUNK
+                lamport.broadcast(contribution, slot, h < HIDDEN, peer_table_ptr, multicast_address, TP, CHUNK,
+                                  MULTICAST)
+    if MIX:
+        if ONE_KERNEL:
+            # Every program has read the generation; the last to arrive advances it (at the end of the
+            # kernel, so the atomic's round trip overlaps the wait for the peers).
+            arrived = tl.atomic_add(state_ptr + lamport.STATE_ARRIVED, 1, sem="acq_rel")
+        if COOPERATIVE:
+            # Its one chunk, kept in registers, except when the simulated group runs the normalize
+            # as a second launch.
+            root, prenorm = _take_chunk(
+                residual0, part, token, tile_rows, in_streams, post, comb_bits,
+                pre_bits, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
+                x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
+                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, ON_GPU)
+        else:
+            roots = tl.zeros([ROOTS], tl.float32)
+            for chunk in range(CHUNKS):  # parked for the second pass
+                root, _ = _take_chunk(
+                    None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen, generation,
+                    mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr,
+                    indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC, CHUNK, REDUCED,
+                    VARIANT, PUBLISH, LOCAL, True, ON_GPU)
+                roots = tl.where(root_index == chunk, root, roots)
+        if (PUBLISH == NO_PUBLISH) & (not REDUCED):
+            if program == 0:
+                lamport.advance_generation(state_ptr, generation)
+        if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE:
+            ptx.store_relaxed_b64(token_slots + part, lamport.root_slot_word(epoch, root), ON_GPU)
+        if NORMALIZE & (not COOPERATIVE):
             tl.debug_barrier()  # the parked row, written by every thread, is read by every thread
             _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                           HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, False, ON_GPU)
-        else:
-            mine = (root_index >= part * PER) & (root_index < part * PER + PER)
-            tl.store(roots_ptr + token * CHUNKS + root_index, roots, mask=mine)
-            ptx.fence_acq_rel_gpu(ON_GPU)  # this thread's chunk and roots, before the count
-            tl.debug_barrier()
-            done = tl.atomic_add(arrivals_ptr + token, 1, sem="acq_rel")
-            if done == SPLIT - 1:
-                tl.store(arrivals_ptr + token, 0)
-                roots = tl.load(roots_ptr + token * CHUNKS + root_index, mask=root_index < CHUNKS, other=0.0,
-                                cache_modifier=".cg")
-                _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, True, ON_GPU)
-    if (PUBLISH != NO_PUBLISH) & (not LOCAL):
-        if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
+                           HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, ON_GPU)
+
+    if NORMALIZE & COOPERATIVE:
+        roots = lamport.wait_for_roots(token_slots, epoch, timeout_ns, error_ptr, token, CHUNKS, ROOTS, ON_GPU)
+        h = part * CHUNK + c
+        _normalize_chunk(prenorm, tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0),
+                         _inverse_rms(roots, eps, HIDDEN, ROOTS), token, num_tokens, part, h, h < HIDDEN,
+                         layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
+    if ONE_KERNEL & MIX:
+        if arrived == tl.num_programs(0) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)
-    ptx.launch_dependents(USE_PDL, ON_GPU)
+    if PHASES != NORMALIZE_PHASE:
+        ptx.launch_dependents(USE_PDL, ON_GPU)

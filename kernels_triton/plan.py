@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from lamport_mhc.backend import LOCAL, BuildSpec
 
-from .consumer import (BOTH_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY,
+from .consumer import (ALL_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY,
                        consumer_kernel)
 from .owner_reduce import owner_reduce_kernel
 from .publish import publish_kernel
@@ -24,7 +24,7 @@ CONSUMER_SIGNATURE = {"mailbox_ptr": "*i16", "residual_ptr": "*i16", "post_ptr":
                       "pre_ptr": "*fp32", "gamma_ptr": "*i16", "residual_out_ptr": "*i16",
                       "layer_out_ptr": "*i16", "values_ptr": "*u8", "scales_ptr": "*u8", "state_ptr": "*i32",
                       "error_ptr": "*i32", "eps": "fp32", "num_tokens": "i32", "timeout_ns": "i64",
-                      "capacity": "i32", "roots_ptr": "*fp32", "arrivals_ptr": "*i32", "x_ptr": "*i16",
+                      "capacity": "i32", "root_slots_ptr": "*i64", "x_ptr": "*i16",
                       "gemm2_ptr": "*i16", "weights_ptr": "*fp32", "indices_ptr": "*i32", "peer_table_ptr": "*i64",
                       "multicast_address": "i64"}
 
@@ -109,6 +109,6 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                         common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
                         CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, REDUCED=bt,
                         VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
-                        PHASES=BOTH_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
+                        PHASES=ALL_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
                         LOCAL_STREAMING_MAX_REGISTERS if split == 1 and protocol == LOCAL else None)
     return plan

@@ -76,11 +76,24 @@ def e4m3_rn(v):
 
 
 @triton.jit
-def fence_acq_rel_gpu(ON_GPU: tl.constexpr):
-    """``fence.acq_rel.gpu``: this thread's earlier stores are ordered before its later ones at GPU
-    scope (the interpreter runs programs one after another: nothing to order)."""
+def load_relaxed_b64(ptrs, ON_GPU: tl.constexpr):
+    """``ld.relaxed.gpu`` of int64 words: single-copy atomic, and never cached or hoisted, so a word
+    another program of the GPU stores whole is read whole, old or new."""
     if ON_GPU:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l", [ptrs.to(tl.int64)],
+                                         dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def store_relaxed_b64(ptr, word, ON_GPU: tl.constexpr):
+    """``st.relaxed.gpu`` of one int64 word (every thread stores the same word)."""
+    if ON_GPU:
+        tl.inline_asm_elementwise("st.relaxed.gpu.global.b64 [$1], $2; mov.u32 $0, 0;", "=r,l,l",
+                                  [ptr.to(tl.int64), word], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(ptr, word)
 
 
 @triton.jit

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import reference
+from . import layout, reference
 from .backend import LOCAL, BuildSpec, Kernels
 from .call import Call
 from .selector import Thresholds, choose_protocol
@@ -95,7 +95,8 @@ class FusedPath:
         record = self.workspace.read_error()
         if record is not None:
             source, generation, token = record
-            awaited = "the owners' reduced sum" if source < 0 else f"rank {source}'s contribution"
+            awaited = {-1: "the owners' reduced sum", layout.SOURCE_OWN_CHUNKS: "the chunk roots of its own programs "
+                       "(not resident together)"}.get(source, f"rank {source}'s contribution")
             raise RuntimeError(
                 f"{self.name} rank {self.workspace.rank}: spin timeout waiting for {awaited} to token {token} "
                 f"of generation {generation}; a peer did not publish (hung, crashed, or issued a different "

@@ -50,9 +50,10 @@ def test_generations_cycle_with_m_changing_every_call():
     per protocol."""
     group = _group(2, 1408, bt_min_rows=5)
     sizes = [1, 9, 2, 7, 5, 4, 9, 1, 6, 3] * 3
-    ll_calls = bt_calls = 0
+    ll_calls = bt_calls = cooperative_calls = 0
     for call, m in enumerate(sizes):
         check_simulated(group, random_inputs(2, m, 1408, HC, seed=call, top_k=TOP_K), VARIANTS[call % 4], EPS)
+        cooperative_calls += m <= SPLIT_ROWS and VARIANTS[call % 4] != "residual"
         if m >= 5:
             bt_calls += 1
         else:
@@ -60,9 +61,11 @@ def test_generations_cycle_with_m_changing_every_call():
         for state in group.generation_state():
             assert state["ll"][0] == ll_calls % 3 and state["bt"][0] == bt_calls % 3
             assert state["ll"][2] == 0  # the one-kernel form's arrival count is reset by its last program
-        for path in group.paths:  # so is every token's count of the latency form
-            assert not path.kernels["triton"].arrivals.any()
-    assert ll_calls > 3 and bt_calls > 3
+        for path in group.paths:  # each cooperative call advanced the epoch of every slot of its token
+            kernels = path.kernels["triton"]
+            epochs = kernels.root_slots.view(-1, kernels.chunks) >> 32
+            assert (epochs[0] == cooperative_calls).all() and not epochs[1:].any()
+    assert ll_calls > 3 and bt_calls > 3 and cooperative_calls > 3
 
 
 def test_calls_routed_to_different_kernel_sets_share_one_workspace():
@@ -181,8 +184,9 @@ def test_norm_sums_each_chunk_by_the_contracts_tree(tp, hidden, split_rows):
             chunk, chunks = row_chunks(hidden)
             expected = torch.stack([pairwise_sum(squares[:, i * chunk:(i + 1) * chunk]) for i in range(chunks)], -1)
             for path in group.paths:
-                roots = path.kernels["triton"].roots.view(-1, chunks)[:rows]
-                assert torch.equal(roots.view(torch.int32), expected.view(torch.int32))
+                words = path.kernels["triton"].root_slots.view(-1, chunks)[:rows]
+                roots = (words & 0xFFFFFFFF).to(torch.int32)
+                assert torch.equal(roots, expected.view(torch.int32))
 
 
 def test_latency_form_bound_and_residency():
