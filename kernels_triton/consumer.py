@@ -326,11 +326,11 @@ def consumer_kernel(
                            HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, ON_GPU)
 
     if NORMALIZE & COOPERATIVE:
-        roots = lamport.wait_for_roots(token_slots, epoch, timeout_ns, error_ptr, token, CHUNKS, ROOTS, ON_GPU)
         h = part * CHUNK + c
-        _normalize_chunk(prenorm, tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0),
-                         _inverse_rms(roots, eps, HIDDEN, ROOTS), token, num_tokens, part, h, h < HIDDEN,
-                         layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
+        gamma = tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0)  # in flight during the wait
+        roots = lamport.wait_for_roots(token_slots, epoch, timeout_ns, error_ptr, token, CHUNKS, ROOTS, ON_GPU)
+        _normalize_chunk(prenorm, gamma, _inverse_rms(roots, eps, HIDDEN, ROOTS), token, num_tokens, part, h,
+                         h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
     if ONE_KERNEL & MIX:
         if arrived == tl.num_programs(0) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)

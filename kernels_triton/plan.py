@@ -79,7 +79,7 @@ class KernelInstance:
 def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstance]:
     """Every kernel a build launches, keyed by name (e.g. ``publish_ll``, ``consumer_bt_quant``,
     ``local_finalize_plain``). Each consumer whose row has several chunks also has a ``_split`` twin
-    that spreads a token over one program per chunk (the latency form)."""
+    that spreads a token over one program per chunk (the cooperative form)."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)

@@ -51,7 +51,8 @@ class BuildSpec:
     # LL calls of at most this many rows run publish and consumer as one kernel (0: never). Each
     # program waits for its twins on the other ranks, so all must be resident: at most the SM count.
     ll_one_kernel_rows: int = 0
-    # Calls of at most this many rows spread each token over several programs (the latency form);
+    # Calls of at most this many rows spread each token over several programs (the latency forms:
+    # Triton's cooperative form, CuTe's cluster form);
     # None: the backend's own bound.
     split_rows: int | None = None
 

@@ -54,7 +54,7 @@ class SimulatedGroup:
         # as its publish and consume halves (None: every LL call; 0: none).
         if ll_one_kernel_rows is not None and (not isinstance(ll_one_kernel_rows, int) or ll_one_kernel_rows < 0):
             raise ValueError(f"ll_one_kernel_rows must be an int >= 0 or None, got {ll_one_kernel_rows!r}")
-        # split_rows: calls of at most this many rows take the kernels' latency form (a token spread
+        # split_rows: calls of at most this many rows take the kernels' latency forms (a token spread
         # over several programs, for rows of several chunks); None: never.
         if split_rows is not None and (not isinstance(split_rows, int) or split_rows < 0):
             raise ValueError(f"split_rows must be an int >= 0 or None, got {split_rows!r}")
