@@ -229,8 +229,8 @@ def consumer_kernel(
     multicast_address,  # int64: the LL mailbox's multicast address           (PUBLISH, MULTICAST)
     HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-    SPLIT: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr,
-    LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
+    SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
+    PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
@@ -308,22 +308,41 @@ def consumer_kernel(
                 TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, ON_GPU)
         else:
             roots = tl.zeros([ROOTS], tl.float32)
-            for chunk in range(CHUNKS):  # parked for the second pass
-                root, _ = _take_chunk(
-                    None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen, generation,
-                    mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr,
-                    indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC, CHUNK, REDUCED,
-                    VARIANT, PUBLISH, LOCAL, True, ON_GPU)
-                roots = tl.where(root_index == chunk, root, roots)
+            if HOLD:
+                held = ()
+                for chunk in tl.static_range(CHUNKS):  # the prenormalized row stays in registers
+                    root, prenorm = _take_chunk(
+                        None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
+                        generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
+                        weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, ON_GPU)
+                    held = held + (prenorm,)
+                    roots = tl.where(root_index == chunk, root, roots)
+            else:
+                for chunk in range(CHUNKS):  # parked for the second pass
+                    root, _ = _take_chunk(
+                        None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
+                        generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
+                        weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, ON_GPU)
+                    roots = tl.where(root_index == chunk, root, roots)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
             if program == 0:
                 lamport.advance_generation(state_ptr, generation)
         if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE:
             ptx.store_relaxed_b64(token_slots + part, lamport.root_slot_word(epoch, root), ON_GPU)
         if NORMALIZE & (not COOPERATIVE):
-            tl.debug_barrier()  # the parked row, written by every thread, is read by every thread
-            _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                           HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, ON_GPU)
+            if HOLD:
+                inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
+                for chunk in tl.static_range(CHUNKS):
+                    h = chunk * CHUNK + c
+                    _normalize_chunk(held[chunk], tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0), inv_rms, token,
+                                     num_tokens, chunk, h, h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
+                                     CHUNK, VARIANT, ON_GPU)
+            else:
+                tl.debug_barrier()  # the parked row, written by every thread, is read by every thread
+                _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
+                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, ON_GPU)
 
     if NORMALIZE & COOPERATIVE:
         h = part * CHUNK + c

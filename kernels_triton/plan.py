@@ -50,11 +50,21 @@ def row_warps(chunk: int) -> int:
     return chunk // 256
 
 
-# The local streaming consumers' register cap: 64 x 128 threads lets 8 programs share an SM (4 warps
-# each) where the compiler takes 72-95, spilling nothing (quant: 4 bytes) at H = 4096-7168
-# (ptxas -v). The mailbox consumers, which hold more across their spin, would spill; the latency
+# The register cap of the local streaming consumers that park the row: 64 x 128 threads lets 8
+# programs share an SM (4 warps each) where the compiler takes 72-95, spilling nothing (the finalize:
+# 12 bytes) at H = 4096-7168 (ptxas -v). The mailbox consumers, which hold more across their spin, would spill; the latency
 # forms run a wave or less. Both keep the compiler's choice.
 LOCAL_STREAMING_MAX_REGISTERS = 64
+
+
+# The local streaming consumers of x (not the finalize, whose gather bounds it) hold the
+# prenormalized row in registers instead of parking it in layer_out, for rows of at most
+# HELD_MAX_CHUNKS chunks, capped at HELD_MAX_REGISTERS (4 programs per SM, no spill at H = 4096 and
+# 5120; H = 7168 would spill). On one H200 at H = 5120 (tp = 1) the held form took 109.7 us at
+# M = 4096 against 119.0 parked, 32.6 against 33.0 at 1024; quant 126.0 against 133.1. The finalize
+# lost (180 against 159 us), and so did 8 warps per 1024-wide chunk (8-byte accesses; ten times slower).
+HELD_MAX_CHUNKS = 5
+HELD_MAX_REGISTERS = 96
 
 
 @dataclass(frozen=True)
@@ -105,10 +115,13 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
             for variant in spec.variants:
                 for split in sorted({1, chunks}):
                     name = f"{prefix}_{variant}" + ("_split" if split > 1 else "")
+                    hold = (split == 1 and protocol == LOCAL and publish.value == PUBLISH_X.value and variant != "residual"
+                            and chunks <= HELD_MAX_CHUNKS)
                     plan[name] = KernelInstance(name, consumer_kernel, dict(
                         common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
-                        CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, REDUCED=bt,
+                        CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                         VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                         PHASES=ALL_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
+                        HELD_MAX_REGISTERS if hold else
                         LOCAL_STREAMING_MAX_REGISTERS if split == 1 and protocol == LOCAL else None)
     return plan

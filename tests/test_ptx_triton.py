@@ -114,7 +114,7 @@ def test_no_pdl_build_has_no_griddepcontrol():
         assert "griddepcontrol" not in text, name
 
 
-@pytest.fixture(scope="module", params=[(2, 384), (2, 1408), (3, 5120), (1, 7168)], ids=lambda p: f"tp{p[0]}-h{p[1]}")
+@pytest.fixture(scope="module", params=[(2, 384), (2, 1408), (3, 5120), (1, 5120), (1, 7168)], ids=lambda p: f"tp{p[0]}-h{p[1]}")
 def chunked(request):
     tp, hidden = request.param
     spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
@@ -150,9 +150,14 @@ def test_quant_converts_with_flashinfers_instruction(build):
 
 
 def test_only_local_streaming_consumers_cap_registers(chunked):
-    _, _, ptx = chunked
+    """Parking the row: 64 registers; holding it (x, rows of up to five chunks): 96."""
+    _, hidden, ptx = chunked
+    chunks = -(-hidden // (1024 if hidden % 1024 == 0 else 512))
     for name, text in ptx.items():
-        assert (".maxnreg 64" in text) == (name.startswith("local") and not name.endswith("_split")), name
+        streaming = name.startswith("local") and not name.endswith("_split")
+        held = streaming and not name.startswith("local_finalize") and chunks <= 5
+        assert (".maxnreg 64" in text) == (streaming and not held), name
+        assert (".maxnreg 96" in text) == held, name
 
 
 def test_bf16_rounding_is_one_conversion(build):
