@@ -58,12 +58,13 @@ LOCAL_STREAMING_MAX_REGISTERS = 64
 
 
 # The local streaming consumers of x (not the finalize, whose gather bounds it) hold the
-# prenormalized row in registers instead of parking it in layer_out, for rows of at most
-# HELD_MAX_CHUNKS chunks, capped at HELD_MAX_REGISTERS (4 programs per SM, no spill at H = 4096 and
-# 5120; H = 7168 would spill). On one H200 at H = 5120 (tp = 1) the held form took 109.7 us at
-# M = 4096 against 119.0 parked, 32.6 against 33.0 at 1024; quant 126.0 against 133.1. The finalize
-# lost (180 against 159 us), and so did 8 warps per 1024-wide chunk (8-byte accesses; ten times slower).
-HELD_MAX_CHUNKS = 5
+# prenormalized row in registers instead of parking it in layer_out where that was measured to win:
+# rows of HELD_CHUNK_COUNTS chunks, capped at HELD_MAX_REGISTERS (4 programs per SM, no spill).
+# One H200, tp = 1, H = 5120 (5 chunks): 109.3 us at M = 4096 against 118.5 parked, 59.3 against
+# 62.5 at 2048, quant 125.4 against 134.4. H = 4096 (4 chunks) lost 1-8% (28.7 against 26.7 us at
+# 1024), H = 7168 would spill at 96; the finalize lost (180 against 159 us at 4096), and so did 8
+# warps per 1024-wide chunk (8-byte accesses, ten times slower).
+HELD_CHUNK_COUNTS = (5,)
 HELD_MAX_REGISTERS = 96
 
 
@@ -116,7 +117,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                 for split in sorted({1, chunks}):
                     name = f"{prefix}_{variant}" + ("_split" if split > 1 else "")
                     hold = (split == 1 and protocol == LOCAL and publish.value == PUBLISH_X.value and variant != "residual"
-                            and chunks <= HELD_MAX_CHUNKS)
+                            and chunks in HELD_CHUNK_COUNTS)
                     plan[name] = KernelInstance(name, consumer_kernel, dict(
                         common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
                         CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
