@@ -51,9 +51,9 @@ def row_warps(chunk: int) -> int:
 
 
 # The register cap of the local streaming consumers that park the row: 64 x 128 threads lets 8
-# programs share an SM (4 warps each) where the compiler takes 72-95, spilling nothing (the finalize:
-# 12 bytes) at H = 4096-7168 (ptxas -v). The mailbox consumers, which hold more across their spin, would spill; the latency
-# forms run a wave or less. Both keep the compiler's choice.
+# programs share an SM (4 warps each) where the compiler takes 72-95, spilling nothing (the
+# finalize: 12 bytes) at H = 4096-7168 (ptxas -v). The mailbox consumers, which hold more across
+# their spin, would spill; the cooperative forms run a wave or less. Both keep the compiler's choice.
 LOCAL_STREAMING_MAX_REGISTERS = 64
 
 
@@ -116,8 +116,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
             for variant in spec.variants:
                 for split in sorted({1, chunks}):
                     name = f"{prefix}_{variant}" + ("_split" if split > 1 else "")
-                    hold = (split == 1 and protocol == LOCAL and publish.value == PUBLISH_X.value and variant != "residual"
-                            and chunks in HELD_CHUNK_COUNTS)
+                    hold = (split == 1 and protocol == LOCAL and publish.value == PUBLISH_X.value
+                            and variant != "residual" and chunks in HELD_CHUNK_COUNTS)
                     plan[name] = KernelInstance(name, consumer_kernel, dict(
                         common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
                         CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,

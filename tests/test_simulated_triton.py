@@ -201,3 +201,16 @@ def test_latency_form_bound_and_residency():
     assert kernels._split(3) == 3  # a consumer after its publish waits for nothing it could block
     one_chunk = SimulatedGroup(1, hidden_size=1024, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=4)
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
+
+
+def test_cooperative_wait_for_the_tokens_own_roots_is_bounded():
+    """A token whose root slots disagree (as if one of its programs never ran) is not waited for
+    forever: the cooperative form records a timeout naming its own programs, and the call raises."""
+    group = SimulatedGroup(1, hidden_size=1408, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=1)
+    inputs = random_inputs(1, 1, 1408, HC, seed=7, top_k=TOP_K)
+    check_simulated(group, inputs, "plain", EPS)  # every slot of token 0 at epoch 1
+    kernels = group.paths[0].kernels["triton"]
+    kernels.root_slots[1] = 5 << 32  # chunk 1 of token 0 a few calls ahead
+    with pytest.raises(RuntimeError, match="waiting for the chunk roots of its own programs to token 0 of "
+                                           "generation 2; the GPU did not hold them at once"):
+        call_simulated(group, inputs, "plain", EPS)
