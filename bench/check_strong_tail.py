@@ -28,6 +28,7 @@ from lamport_mhc.bench.floors import tail_bytes  # noqa: E402
 from lamport_mhc.bench.strong_tail import STRATEGIES, StrongFinalize, StrongTail  # noqa: E402
 from lamport_mhc.bench.timing import time_graph  # noqa: E402
 from lamport_mhc.mxfp8 import mxfp8_quantize_reference, mxfp8_scale_bytes  # noqa: E402
+from lamport_mhc.testing import permuted_routes  # noqa: E402
 
 BAR, FROM_M, HC, TOP_K = 0.85, 1024, 4, 6
 
@@ -82,12 +83,10 @@ def main() -> int:
                              torch.empty(mxfp8_scale_bytes(m, hidden), dtype=torch.uint8, device=device))
                 held = 0
                 if variant == "finalize":
-                    rows = m * TOP_K // 2
-                    gemm2 = torch.randn(rows, hidden, device=device, generator=g).bfloat16()
-                    weights = torch.rand(m, TOP_K, device=device, generator=g)
-                    indices = torch.randint(0, rows, (m, TOP_K), device=device, generator=g, dtype=torch.int32)
-                    indices[torch.rand(m, TOP_K, device=device, generator=g) < 0.33] = -1
+                    indices = permuted_routes(m, TOP_K, g, device)  # a row per held route, as engines lay them out
                     held = int((indices >= 0).sum())
+                    gemm2 = torch.randn(max(1, held), hidden, device=device, generator=g).bfloat16()
+                    weights = torch.rand(m, TOP_K, device=device, generator=g)
 
                 def call(tail):
                     reduced = finalize(gemm2, weights, indices, x, contribution) if variant == "finalize" else x

@@ -26,10 +26,27 @@ def _bf16(shape, generator, scale=1.0, specials=True) -> torch.Tensor:
     return values.to(torch.bfloat16)
 
 
+HELD_ROUTE_FRACTION = 0.67  # of a token's top-k routes, the ones this EP rank holds
+
+
+def permuted_routes(m: int, top_k: int, generator: torch.Generator, device=None) -> torch.Tensor:
+    """int32 [m, top_k] GEMM2 row indices as an engine's MoE permutation lays them out: about a third
+    of the routes held by another EP rank (-1), every held route its own row, rows 0..held-1 in a
+    random order."""
+    held = torch.rand((m, top_k), generator=generator, device=device) < HELD_ROUTE_FRACTION
+    indices = torch.full((m, top_k), -1, dtype=torch.int32, device=device)
+    indices[held] = torch.randperm(int(held.sum()), generator=generator, device=device, dtype=torch.int32)
+    return indices
+
+
 def random_inputs(tp: int, m: int, hidden: int, hc: int, *, seed: int, top_k: int = 0, gemm2_rows: int = 0,
-                  zero_row: bool = True, device="cpu") -> dict:
+                  permuted: bool = False, zero_row: bool = True, device="cpu") -> dict:
     """Per-rank ``xs`` (and, with top_k, finalize inputs ``gemm2s, weights, idxs, shareds``) plus the
-    shared consumer inputs of one call. Row 0 is all zero in every input when ``zero_row``."""
+    shared consumer inputs of one call. Row 0 is all zero in every input when ``zero_row``. The
+    finalize's routes pick GEMM2 rows at random (repeats included: a test of the gather), or with
+    ``permuted`` as an engine's permutation does (``permuted_routes``: what a benchmark should read)."""
+    if permuted and gemm2_rows:
+        raise ValueError("gemm2_rows is for random routes; permuted routes have a row per held route")
     g = torch.Generator().manual_seed(seed)
     xs = [_bf16((m, hidden), g) for _ in range(tp)]
     residual = _bf16((m, hc, hidden), g)
@@ -38,7 +55,12 @@ def random_inputs(tp: int, m: int, hidden: int, hc: int, *, seed: int, top_k: in
     pre = torch.rand((m, hc), generator=g)
     norm_weight = _bf16((hidden,), g, specials=False)
     inputs = dict(xs=xs, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
-    if top_k:
+    if top_k and permuted:
+        idxs = [permuted_routes(m, top_k, g) for _ in range(tp)]
+        inputs["gemm2s"] = [_bf16((max(1, int((idx >= 0).sum())), hidden), g) for idx in idxs]
+        inputs["weights"] = [torch.rand((m, top_k), generator=g) for _ in range(tp)]
+        inputs["idxs"] = idxs
+    elif top_k:
         rows = gemm2_rows or max(1, m * top_k // 2)
         inputs["gemm2s"] = [_bf16((rows, hidden), g) for _ in range(tp)]
         inputs["weights"] = [torch.rand((m, top_k), generator=g) for _ in range(tp)]
@@ -46,6 +68,7 @@ def random_inputs(tp: int, m: int, hidden: int, hc: int, *, seed: int, top_k: in
         for idx in idxs:  # about a third of the routes live on another EP rank
             idx[torch.rand((m, top_k), generator=g) < 0.33] = -1
         inputs["idxs"] = idxs
+    if top_k:
         inputs["shareds"] = [_bf16((m, hidden), g) for _ in range(tp)]
     if zero_row:
         for name, value in inputs.items():

@@ -123,11 +123,15 @@ def test_crossover_and_routes_from_measurements(tmp_path):
 
 
 def test_local_floor_is_the_hbm_bytes_alone():
-    """tp = 1: x (finalize: top_k GEMM2 rows + shared), residual in and out, the layer input and the MXFP8
-    output, at the device-copy ceiling; no mailbox, nothing over NVLink."""
+    """tp = 1: x (finalize: the held routes' GEMM2 rows, the shared row and the router's weights and
+    indices), residual in and out, the layer input and the MXFP8 output, at the device-copy ceiling;
+    no mailbox, nothing over NVLink."""
     m, hidden, row = 64, 5120, 5120 * 2
     assert fused_bytes("local", "plain", 1, m, hidden) == (0.0, m * row + 2 * m * 4 * row + m * row)
-    assert fused_bytes("local", "finalize", 1, m, hidden, top_k=6)[1] == 7 * m * row + 8 * m * row + m * row
+    router = m * 6 * 8
+    assert fused_bytes("local", "finalize", 1, m, hidden, top_k=6)[1] == 7 * m * row + router + 8 * m * row + m * row
+    assert (fused_bytes("local", "finalize", 1, m, hidden, top_k=6, held_routes=100)[1]
+            == (100 + m) * row + router + 8 * m * row + m * row)
     assert fused_bytes("local", "quant", 1, m, hidden)[1] == 10 * m * row + m * hidden + m * hidden // 32
     assert fused_bytes("local", "plain", 1, m, hidden, hc=1)[1] == 4 * m * row
     _, ll_hbm = fused_bytes("ll", "plain", 2, m, hidden)

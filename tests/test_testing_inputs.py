@@ -1,9 +1,10 @@
 """The GPU suites rebuild every rank's inputs from a seed in each process: the inputs must be the same
 bits whatever the process and its thread count."""
 
+import pytest
 import torch
 
-from lamport_mhc.testing import random_inputs
+from lamport_mhc.testing import permuted_routes, random_inputs
 
 
 def _flat_bits(inputs):
@@ -34,3 +35,17 @@ def test_inputs_hold_the_edge_cases():
     assert (inputs["xs"][1].float().abs() > 1e38).any()  # huge
     assert (inputs["xs"][0][0] == 0).all() and (inputs["idxs"][0][0] == -1).all()  # the zero row
     assert (inputs["idxs"][1] == -1).any()
+
+
+def test_permuted_routes_read_every_held_row_once():
+    """An engine's MoE permutation: about a third of the routes held elsewhere (-1), each held route
+    its own GEMM2 row, so no finalize reads a row twice (what the benchmark's floor counts)."""
+    indices = permuted_routes(4096, 6, torch.Generator().manual_seed(3))
+    held = indices[indices >= 0]
+    assert torch.equal(held.sort().values, torch.arange(held.numel(), dtype=torch.int32))
+    assert 0.30 < (indices < 0).float().mean() < 0.36
+    inputs = random_inputs(2, 64, 256, 4, seed=1, top_k=6, permuted=True, zero_row=False)
+    for gemm2, idx in zip(inputs["gemm2s"], inputs["idxs"]):
+        assert gemm2.shape[0] == int((idx >= 0).sum()) and idx.unique().numel() == gemm2.shape[0] + 1
+    with pytest.raises(ValueError, match="gemm2_rows"):
+        random_inputs(1, 4, 256, 4, seed=1, top_k=6, permuted=True, gemm2_rows=8)

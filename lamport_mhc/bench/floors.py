@@ -23,10 +23,12 @@ def _quant_bytes(m: int, hidden: int) -> int:
 
 
 def fused_bytes(protocol: str, variant: str, tp: int, m: int, hidden: int, hc: int = HC,
-                top_k: int = 6) -> tuple[float, float]:
+                top_k: int = 6, held_routes: int | None = None) -> tuple[float, float]:
     """(bytes one rank sends over NVLink, bytes through its HBM) that any fused implementation of a
     call must move: contributions to the peers, the mHC inputs and outputs, the mailbox traffic.
-    "local" (a group of one) has no peers and no mailbox: its floor is the HBM bytes alone."""
+    "local" (a group of one) has no peers and no mailbox: its floor is the HBM bytes alone. The
+    finalize's contribution reads the ``held_routes`` GEMM2 rows (default: every route held), the
+    shared expert's row and the router's weights and indices."""
     row = hidden * 2  # one bf16 row
     if protocol == "local":
         if tp != 1:
@@ -40,7 +42,9 @@ def fused_bytes(protocol: str, variant: str, tp: int, m: int, hidden: int, hc: i
         mailbox = 2 * tp * (m / tp) * row + 2 * m * row
     else:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-    contribution = m * row * (top_k + 1) if variant == "finalize" else m * row
+    contribution = m * row
+    if variant == "finalize":
+        contribution += (m * top_k if held_routes is None else held_routes) * row + m * top_k * 8
     hbm = contribution + mailbox + 2 * m * hc * row + m * row        # residual in and out, layer input
     if variant == "quant":
         hbm += m * hidden + m * hidden // 32
@@ -48,8 +52,8 @@ def fused_bytes(protocol: str, variant: str, tp: int, m: int, hidden: int, hc: i
 
 
 def floor_us(protocol: str, variant: str, tp: int, m: int, hidden: int, ceilings: Ceilings, hc: int = HC,
-             top_k: int = 6) -> float:
-    nvlink, hbm = fused_bytes(protocol, variant, tp, m, hidden, hc, top_k)
+             top_k: int = 6, held_routes: int | None = None) -> float:
+    nvlink, hbm = fused_bytes(protocol, variant, tp, m, hidden, hc, top_k, held_routes)
     link_us = 0.0 if nvlink == 0 else nvlink / (ceilings.peer_gbps * 1e3)
     return max(link_us, hbm / (ceilings.hbm_gbps * 1e3))
 

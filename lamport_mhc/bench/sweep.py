@@ -294,8 +294,7 @@ class Sweep:
         form = min(timings, key=lambda k: statistics.median(timings[k]))
         kernels[(variant, m)], tail_samples = form, timings[form]
         if tail_samples and self.wanted(STRONG_TAIL):
-            held = int((shape.inputs["idxs"][self.rank] >= 0).sum()) if variant == "finalize" else 0
-            nbytes = tail_bytes(variant, m, hidden, self.hc, held, self.args.top_k)
+            nbytes = tail_bytes(variant, m, hidden, self.hc, shape.held_routes, self.args.top_k)
             self.record(hidden, variant, m, STRONG_TAIL, tail_samples, nbytes / (ceilings.hbm_gbps * 1e3))
         if not self.wanted("unfused-best"):
             return
@@ -407,18 +406,20 @@ class _Shape:
 
         self.sweep, self.hidden, self.variant, self.m = sweep, hidden, variant, m
         args, device, rank = sweep.args, sweep.device, sweep.rank
-        inputs = random_inputs(sweep.tp, m, hidden, sweep.hc, seed=m,
-                               top_k=args.top_k if variant == "finalize" else 0, zero_row=False, device=device)
+        # The finalize reads GEMM2 rows as an engine lays them out: one per held route, none twice.
+        inputs = random_inputs(sweep.tp, m, hidden, sweep.hc, seed=m, top_k=args.top_k if variant == "finalize" else 0,
+                               permuted=True, zero_row=False, device=device)
         if sweep.hc == 1:  # the op is then all-reduce + residual add + RMSNorm, FlashInfer's fusion
             for name in ("post", "comb", "pre"):
                 inputs[name].fill_(1.0)
         self.inputs = inputs
         self.x = inputs["xs"][rank]
         self.consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], EPS)
-        self.finalize_inputs = None
+        self.finalize_inputs, self.held_routes = None, 0
         if variant == "finalize":
             self.finalize_inputs = (inputs["gemm2s"][rank], inputs["weights"][rank], inputs["idxs"][rank],
                                     inputs["shareds"][rank])
+            self.held_routes = int((inputs["idxs"][rank] >= 0).sum())
         self.mxfp8 = None
         if variant == "quant":
             self.mxfp8 = (torch.empty((m, hidden), dtype=torch.float8_e4m3fn, device=device),
@@ -426,4 +427,5 @@ class _Shape:
 
     def floor(self, protocol: str, ceilings: Ceilings) -> float:
         s = self.sweep
-        return floor_us(protocol, self.variant, s.tp, self.m, self.hidden, ceilings, s.hc, s.args.top_k)
+        return floor_us(protocol, self.variant, s.tp, self.m, self.hidden, ceilings, s.hc, s.args.top_k,
+                        self.held_routes if self.variant == "finalize" else None)
