@@ -25,14 +25,19 @@ def _launch(kernel, grid, interpret: bool, num_warps: int, *args, **constexprs) 
         kernel[grid](*args, **constexprs, num_warps=num_warps)
 
 
-STRATEGIES = ("row", "split")
+STRATEGIES = ("row", "held", "split")
+# The held form's warps per program, against ``num_warps`` for the others: on one H200 (H = 5120,
+# plain, prenorm held) 8 warps took 29.9 us at M = 1024 and 107.0 at 4096, 4 warps 34.7 and 120.1,
+# the parked row form 33.3 and 114.8.
+HELD_WARPS_FACTOR = 2
 
 
 class StrongTail:
     """post-mix, collapse, RMSNorm (and with ``quantize`` the MXFP8 copy) of ``hidden``-wide rows
-    with ``hc`` streams. ``strategy`` "row": one program per token, one kernel; "split": one program
-    per (token, 1024-wide piece), two kernels (the mix, then the norm over the row's partial sums of
-    squares), for M too small to fill the GPU with rows."""
+    with ``hc`` streams. ``strategy`` "row": one program per token, one kernel; "held": the same
+    with the prenorm row in registers between the passes; "split": one program per (token,
+    1024-wide piece), two kernels (the mix, then the norm over the row's partial sums of squares),
+    for M too small to fill the GPU with rows."""
 
     def __init__(self, hidden: int, hc: int, quantize: bool = False, interpret: bool = False, num_warps: int = 4,
                  strategy: str = "row"):
@@ -50,7 +55,7 @@ class StrongTail:
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
 
     def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
-        from .strong_tail_kernels import strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
+        from .strong_tail_kernels import strong_tail_held_kernel, strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
 
         m = reduced.shape[0]
         if (mxfp8 is not None) != self.quantize:
@@ -65,8 +70,10 @@ class StrongTail:
         else:
             values = scales = layer_input  # unused pointers
             rows = m
-        if self.strategy == "row":
-            _launch(strong_tail_kernel, (rows,), self.interpret, self.num_warps,
+        if self.strategy in ("row", "held"):
+            kernel, warps = ((strong_tail_kernel, self.num_warps) if self.strategy == "row" else
+                             (strong_tail_held_kernel, self.num_warps * HELD_WARPS_FACTOR))
+            _launch(kernel, (rows,), self.interpret, warps,
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
                     HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
                     SCALE_COLS_P2=self.scale_cols_p2, INTERPRETED=self.interpret)

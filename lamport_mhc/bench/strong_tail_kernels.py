@@ -8,6 +8,8 @@ The tail comes in two forms, as engines pick kernels by M:
   hc streams, collapse with pre, the bf16 prenorm parked in the layer-input buffer, its squares
   summed. Pass 2 re-reads the prenorm the program just wrote (from L2), applies RMSNorm and, with
   QUANT, writes the MXFP8 copy.
+- ``strong_tail_held_kernel``, the same with the row's prenorm held in registers between the passes
+  (no park, no re-read; launched with twice the warps, so each thread holds half as much).
 - ``tail_mix_kernel`` then ``tail_norm_kernel``, one program per (token, piece) (small M, where one
   program's walk over the pieces is latency, not bandwidth): the mix writes each piece's sum of
   squares, the norm adds a row's partial sums before normalizing its piece.
@@ -29,10 +31,11 @@ INV_E4M3_MAX = tl.constexpr(1.0 / 448.0)  # rounded to fp32 where it meets an fp
 
 @triton.jit
 def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr, row64, c,
-               HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr):
-    """Post-mix and collapse of piece ``c`` of a row: stores the streams and the bf16 prenorm (in the
-    layer-input buffer), returns the prenorm's squares. Every tensor is one [CHUNK] piece in one
-    layout: no shuffles through shared memory between the loads, the mix and the stores."""
+               HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, PARK: tl.constexpr = True):
+    """Post-mix and collapse of piece ``c`` of a row: stores the streams and (``PARK``) the bf16
+    prenorm in the layer-input buffer, returns the prenorm's squares and the prenorm. Every tensor is
+    one [CHUNK] piece in one layout: no shuffles through shared memory between the loads, the mix
+    and the stores."""
     h = c * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(reduced_ptr + row64 * HIDDEN + h).to(tl.float32)
     streams = residual_ptr + row64 * HC * HIDDEN + h
@@ -59,19 +62,30 @@ def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_
         tl.store(residual_out_ptr + (row64 * HC + j) * HIDDEN + h, out)
         prenorm += out.to(tl.float32) * tl.load(pre_ptr + row64 * HC + j)
     prenorm = prenorm.to(tl.bfloat16)
-    tl.store(layer_ptr + row64 * HIDDEN + h, prenorm)
+    if PARK:
+        tl.store(layer_ptr + row64 * HIDDEN + h, prenorm)
     p = prenorm.to(tl.float32)
-    return p * p
+    return p * p, prenorm
 
 
 @triton.jit
-def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, HIDDEN: tl.constexpr,
+def _piece_blocks(c, CHUNK: tl.constexpr):
+    """Columns of piece ``c`` as [blocks, 32] (one MXFP8 block a row)."""
+    return c * CHUNK + tl.arange(0, CHUNK // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
+
+
+@triton.jit
+def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr):
+    return tl.load(layer_ptr + row64 * HIDDEN + _piece_blocks(c, CHUNK))
+
+
+@triton.jit
+def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN: tl.constexpr,
                 CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr):
-    """RMSNorm of piece ``c`` from its parked prenorm (and its MXFP8 copy), as [blocks, 32]."""
-    h = c * CHUNK + tl.arange(0, CHUNK // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    parked = tl.load(layer_ptr + row64 * HIDDEN + h).to(tl.float32)
+    """RMSNorm of piece ``c`` from its bf16 prenorm [blocks, 32] (and its MXFP8 copy)."""
+    h = _piece_blocks(c, CHUNK)
     gamma = tl.load(weight_ptr + h).to(tl.float32)
-    y = (parked * inv * gamma).to(tl.bfloat16)
+    y = (prenorm.to(tl.float32) * inv * gamma).to(tl.bfloat16)
     tl.store(layer_ptr + row64 * HIDDEN + h, y)
     if QUANT:
         yf = y.to(tl.float32)
@@ -104,18 +118,47 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
         row64 = row.to(tl.int64)
         squares = tl.zeros([CHUNK], tl.float32)
         for c in tl.static_range(HIDDEN // CHUNK):
-            squares += _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr,
-                                  layer_ptr, row64, c, HIDDEN, HC, CHUNK)
+            piece_squares, _ = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr,
+                                          layer_ptr, row64, c, HIDDEN, HC, CHUNK)
+            squares += piece_squares
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
         tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
         for c in tl.static_range(HIDDEN // CHUNK):
-            _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, HIDDEN, CHUNK, QUANT,
-                        INTERPRETED)
-    else:
-        if QUANT:  # a padded row of the 128-row scale tile: its scale bytes are 0
-            padded = tl.arange(0, SCALE_COLS_P2)
-            tl.store(scales_ptr + _scale_offset(row.to(tl.int64), padded, HIDDEN // 32),
-                     tl.zeros([SCALE_COLS_P2], tl.uint8), mask=padded < HIDDEN // 32)
+            _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
+                        _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED)
+    elif QUANT:
+        _zero_scales_of_padded_row(scales_ptr, row, HIDDEN, SCALE_COLS_P2)
+
+
+@triton.jit
+def strong_tail_held_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, weight_ptr,
+                            residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
+                            HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
+                            SCALE_COLS_P2: tl.constexpr, INTERPRETED: tl.constexpr = False):
+    row = tl.program_id(0)
+    if row < m:
+        row64 = row.to(tl.int64)
+        squares = tl.zeros([CHUNK], tl.float32)
+        held = ()
+        for c in tl.static_range(HIDDEN // CHUNK):
+            piece_squares, prenorm = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr,
+                                                residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, False)
+            squares += piece_squares
+            held = held + (prenorm,)
+        inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
+        for c in tl.static_range(HIDDEN // CHUNK):
+            _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
+                        tl.reshape(held[c], (CHUNK // 32, 32)), HIDDEN, CHUNK, QUANT, INTERPRETED)
+    elif QUANT:
+        _zero_scales_of_padded_row(scales_ptr, row, HIDDEN, SCALE_COLS_P2)
+
+
+@triton.jit
+def _zero_scales_of_padded_row(scales_ptr, row, HIDDEN: tl.constexpr, SCALE_COLS_P2: tl.constexpr):
+    """A padded row of the 128-row scale tile: its scale bytes are 0."""
+    padded = tl.arange(0, SCALE_COLS_P2)
+    tl.store(scales_ptr + _scale_offset(row.to(tl.int64), padded, HIDDEN // 32),
+             tl.zeros([SCALE_COLS_P2], tl.uint8), mask=padded < HIDDEN // 32)
 
 
 @triton.jit
@@ -123,8 +166,8 @@ def tail_mix_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, resi
                     partial_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr):
     row64 = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    squares = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr,
-                         row64, c, HIDDEN, HC, CHUNK)
+    squares, _ = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr,
+                            row64, c, HIDDEN, HC, CHUNK)
     tl.store(partial_ptr + row64 * (HIDDEN // CHUNK) + c, tl.sum(squares, axis=0))
 
 
@@ -139,7 +182,8 @@ def tail_norm_kernel(layer_ptr, weight_ptr, partial_ptr, values_ptr, scales_ptr,
         pieces = tl.arange(0, PIECES_P2)
         partial = tl.load(partial_ptr + row64 * (HIDDEN // CHUNK) + pieces, mask=pieces < HIDDEN // CHUNK, other=0.0)
         inv = tl.math.rsqrt(tl.sum(partial, axis=0) / HIDDEN + eps)
-        _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, HIDDEN, CHUNK, QUANT, INTERPRETED)
+        _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
+                    _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED)
     else:
         if QUANT:  # a padded row: this piece's scale bytes are 0
             col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
