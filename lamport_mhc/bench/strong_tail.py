@@ -55,7 +55,7 @@ class StrongTail:
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
 
     def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
-        from .strong_tail_kernels import strong_tail_held_kernel, strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
+        from .strong_tail_kernels import strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
 
         m = reduced.shape[0]
         if (mxfp8 is not None) != self.quantize:
@@ -71,12 +71,11 @@ class StrongTail:
             values = scales = layer_input  # unused pointers
             rows = m
         if self.strategy in ("row", "held"):
-            kernel, warps = ((strong_tail_kernel, self.num_warps) if self.strategy == "row" else
-                             (strong_tail_held_kernel, self.num_warps * HELD_WARPS_FACTOR))
-            _launch(kernel, (rows,), self.interpret, warps,
+            hold = self.strategy == "held"
+            _launch(strong_tail_kernel, (rows,), self.interpret, self.num_warps * (HELD_WARPS_FACTOR if hold else 1),
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
                     HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
-                    SCALE_COLS_P2=self.scale_cols_p2, INTERPRETED=self.interpret)
+                    SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, INTERPRETED=self.interpret)
             return
         partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
         _launch(tail_mix_kernel, (m, self.pieces), self.interpret, self.num_warps,

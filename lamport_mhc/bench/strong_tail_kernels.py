@@ -8,8 +8,8 @@ The tail comes in two forms, as engines pick kernels by M:
   hc streams, collapse with pre, the bf16 prenorm parked in the layer-input buffer, its squares
   summed. Pass 2 re-reads the prenorm the program just wrote (from L2), applies RMSNorm and, with
   QUANT, writes the MXFP8 copy.
-- ``strong_tail_held_kernel``, the same with the row's prenorm held in registers between the passes
-  (no park, no re-read; launched with twice the warps, so each thread holds half as much).
+- the same kernel with ``HOLD``: the row's prenorm held in registers between the passes (no park,
+  no re-read; launched with twice the warps, so each thread holds half as much).
 - ``tail_mix_kernel`` then ``tail_norm_kernel``, one program per (token, piece) (small M, where one
   program's walk over the pieces is latency, not bandwidth): the mix writes each piece's sum of
   squares, the norm adds a row's partial sums before normalizing its piece.
@@ -112,29 +112,8 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
 def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, weight_ptr,
                        residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
-                       SCALE_COLS_P2: tl.constexpr, INTERPRETED: tl.constexpr = False):
-    row = tl.program_id(0)
-    if row < m:
-        row64 = row.to(tl.int64)
-        squares = tl.zeros([CHUNK], tl.float32)
-        for c in tl.static_range(HIDDEN // CHUNK):
-            piece_squares, _ = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr,
-                                          layer_ptr, row64, c, HIDDEN, HC, CHUNK)
-            squares += piece_squares
-        inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
-        tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
-        for c in tl.static_range(HIDDEN // CHUNK):
-            _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
-                        _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED)
-    elif QUANT:
-        _zero_scales_of_padded_row(scales_ptr, row, HIDDEN, SCALE_COLS_P2)
-
-
-@triton.jit
-def strong_tail_held_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, weight_ptr,
-                            residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
-                            HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
-                            SCALE_COLS_P2: tl.constexpr, INTERPRETED: tl.constexpr = False):
+                       SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
+    """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them."""
     row = tl.program_id(0)
     if row < m:
         row64 = row.to(tl.int64)
@@ -142,13 +121,19 @@ def strong_tail_held_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_p
         held = ()
         for c in tl.static_range(HIDDEN // CHUNK):
             piece_squares, prenorm = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr,
-                                                residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, False)
+                                                residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, not HOLD)
             squares += piece_squares
             held = held + (prenorm,)
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
+        if not HOLD:
+            tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
         for c in tl.static_range(HIDDEN // CHUNK):
-            _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
-                        tl.reshape(held[c], (CHUNK // 32, 32)), HIDDEN, CHUNK, QUANT, INTERPRETED)
+            if HOLD:
+                prenorm = tl.reshape(held[c], (CHUNK // 32, 32))
+            else:
+                prenorm = _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK)
+            _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN, CHUNK, QUANT,
+                        INTERPRETED)
     elif QUANT:
         _zero_scales_of_padded_row(scales_ptr, row, HIDDEN, SCALE_COLS_P2)
 
