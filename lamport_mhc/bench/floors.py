@@ -42,9 +42,10 @@ def fused_bytes(protocol: str, variant: str, tp: int, m: int, hidden: int, hc: i
         mailbox = 2 * tp * (m / tp) * row + 2 * m * row
     else:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-    contribution = m * row
     if variant == "finalize":
-        contribution += (m * top_k if held_routes is None else held_routes) * row + m * top_k * 8
+        contribution = _finalize_read_bytes(m, row, top_k, m * top_k if held_routes is None else held_routes)
+    else:
+        contribution = m * row
     hbm = contribution + mailbox + 2 * m * hc * row + m * row        # residual in and out, layer input
     if variant == "quant":
         hbm += m * hidden + m * hidden // 32
@@ -68,8 +69,14 @@ def tail_bytes(variant: str, m: int, hidden: int, hc: int = HC, held_routes: int
     if variant == "quant":
         total += _quant_bytes(m, hidden)
     if variant == "finalize":
-        total += held_routes * row + m * row + m * row + m * top_k * 8
+        total += _finalize_read_bytes(m, row, top_k, held_routes) + m * row  # and the contribution written
     return total
+
+
+def _finalize_read_bytes(m: int, row: int, top_k: int, held_routes: int) -> int:
+    """What the MoE finalize reads: the held routes' GEMM2 rows, the shared expert's rows, and the
+    router's fp32 weights and int32 indices."""
+    return held_routes * row + m * row + m * top_k * 8
 
 
 def measure_ceilings(group, device, nbytes: int = 1 << 28) -> Ceilings:

@@ -428,4 +428,4 @@ class _Shape:
     def floor(self, protocol: str, ceilings: Ceilings) -> float:
         s = self.sweep
         return floor_us(protocol, self.variant, s.tp, self.m, self.hidden, ceilings, s.hc, s.args.top_k,
-                        self.held_routes if self.variant == "finalize" else None)
+                        self.held_routes)
