@@ -28,7 +28,7 @@ def lamport_floor_kernel(x_ptr, out_ptr, mailbox_ptr, peer_table_ptr, state_ptr,
         arrived = tl.load(slot, volatile=True)
         while tl.max((arrived == SENTINEL).to(tl.int32), axis=0) != 0:
             arrived = tl.load(slot, volatile=True)
-        acc = acc + bf16_to_f32(arrived)
+        acc = acc + bf16_to_f32(arrived, ON_GPU)
         lamport.rearm(slot, h < HIDDEN)
     tl.store(out_ptr + token * HIDDEN + h, canonical_zero(f32_to_bf16(acc, ON_GPU)))
     programs = tl.num_programs(0) * tl.num_programs(1)

@@ -19,18 +19,20 @@ SENTINEL = tl.constexpr(layout.SENTINEL_INT16)  # bf16 -0.0 as int16
 
 
 @triton.jit
-def bf16_to_f32(bits):
+def bf16_to_f32(bits, ON_GPU: tl.constexpr):
     """int16 bf16 bit pattern -> exact fp32."""
+    if ON_GPU:
+        return ptx.bf16x2_to_f32(bits)
     return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def f32_to_bf16(x, ON_GPU: tl.constexpr):
-    """fp32 -> bf16 bits (int16), round to nearest even; every NaN becomes 0x7FC0. On the GPU one
-    ``cvt.rn.bf16.f32`` (whose NaN is 0x7FFF, hence the select); the interpreter's cast truncates,
-    so its twin rounds in integers (the same bits)."""
+    """fp32 -> bf16 bits (int16), round to nearest even; every NaN becomes 0x7FC0. On the GPU
+    ``ptx.bf16x2_rn`` (two values an instruction); the interpreter's cast truncates, so its twin
+    rounds in integers (the same bits)."""
     if ON_GPU:
-        return tl.where(x != x, 0x7FC0, x.to(tl.bfloat16).to(tl.int16, bitcast=True)).to(tl.int16)
+        return ptx.bf16x2_rn(x)
     u = x.to(tl.uint32, bitcast=True)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     is_nan = (u & 0x7FFFFFFF) > 0x7F800000

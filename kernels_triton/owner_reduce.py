@@ -43,7 +43,7 @@ def owner_reduce_kernel(
         for source in tl.static_range(TP):
             slot = mailbox_ptr + ((gen * TP + source) * slots + local) * HIDDEN + h
             values = lamport.poll(slot, in_row, timeout_ns, error_ptr, source, generation, token, ON_GPU)
-            acc = acc + bf16_to_f32(values)
+            acc = acc + bf16_to_f32(values, ON_GPU)
         reduced = canonical_zero(f32_to_bf16(acc, ON_GPU))
         offset = (gen * capacity + token) * HIDDEN + chunk * BLOCK
         lamport.broadcast(reduced, offset, in_row, sums_table_ptr, sums_multicast_address, TP, BLOCK, MULTICAST)

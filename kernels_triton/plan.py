@@ -119,7 +119,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                     hold = (split == 1 and protocol == LOCAL and publish.value == PUBLISH_X.value
                             and variant != "residual" and chunks in HELD_CHUNK_COUNTS)
                     plan[name] = KernelInstance(name, consumer_kernel, dict(
-                        common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
+                        common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k,
                         CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                         VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                         PHASES=ALL_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,

@@ -33,6 +33,25 @@ def fma_rn(a, b, c, ON_GPU: tl.constexpr):
 
 
 @triton.jit
+def bf16x2_rn(x):
+    """bf16 bits (int16) of fp32 ``x``, round to nearest even, NaN as 0x7FC0: ``cvt.rn.bf16x2.f32``
+    packs two values (its NaN is 0x7FFF, the one result above 0x7FC0 as a signed half), then
+    ``min.s16x2`` against 0x7FC0 turns exactly that NaN into the contract's. GPU only:
+    ``numerics.f32_to_bf16`` holds the interpreter's integer twin."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 nan; cvt.rn.bf16x2.f32 $0, $2, $1; mov.b32 nan, 0x7FC07FC0; min.s16x2 $0, $0, nan; }",
+        "=r,r,r", args=[x], dtype=tl.int16, is_pure=True, pack=2)
+
+
+@triton.jit
+def bf16x2_to_f32(bits):
+    """fp32 values of bf16 bits (int16), two a register: a shift for the low half, a mask for the
+    high one. GPU only: ``numerics.bf16_to_f32`` holds the interpreter's twin."""
+    return tl.inline_asm_elementwise("shl.b32 $0, $2, 16; and.b32 $1, $2, 0xFFFF0000;", "=r,=r,r",
+                                     args=[bits], dtype=tl.float32, is_pure=True, pack=2)
+
+
+@triton.jit
 def load_volatile(ptr, mask, ON_GPU: tl.constexpr):
     """Poll load that the compiler may neither cache nor hoist: ``ld.volatile.global`` (16 bytes per
     8 x bf16 fragment once the pointer is known to be 16-byte aligned)."""

@@ -33,9 +33,9 @@ def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
             routed = row != -1
             values = tl.load(gemm2_ptr + row.to(tl.int64) * HIDDEN + h, mask=routed & (h < HIDDEN), other=0)
             # A route this rank does not hold is skipped, not multiplied by zero.
-            acc = tl.where(routed, ptx.fma_rn(bf16_to_f32(values), weight, acc, ON_GPU), acc)
+            acc = tl.where(routed, ptx.fma_rn(bf16_to_f32(values, ON_GPU), weight, acc, ON_GPU), acc)
         shared = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
-        contribution = f32_to_bf16(acc + bf16_to_f32(shared), ON_GPU)
+        contribution = f32_to_bf16(acc + bf16_to_f32(shared, ON_GPU), ON_GPU)
     else:
         contribution = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
     return canonical_zero(contribution)
