@@ -47,7 +47,7 @@ from . import lamport, ptx
 
 from .publish import contribution_chunk
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
-                       pairwise_sum, scale_offset, ue8m0_scale)
+                       pairwise_sum, row_of, scale_offset, ue8m0_scale)
 
 PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -78,57 +78,42 @@ def _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, ge
 
 
 @triton.jit
-def _mix_chunk(reduced, residual, post, comb, pre, token, h, in_row, residual_out_ptr, layer_out_ptr,
-               HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
-               PARK: tl.constexpr, ON_GPU: tl.constexpr):
+def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
+               layer_out_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, BLOCK_HC: tl.constexpr,
+               CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, ON_GPU: tl.constexpr):
     """The first pass over one chunk: post-mix and store the streams; then (with the norm) collapse
     and return the prenormalized chunk's bf16 bits and the root of its squares' tree, having parked
     the chunk in ``layer_out`` if ``PARK`` (the second pass reads it back there).
-    ``residual`` holds the chunk's HC streams (bf16 bits), ``post`` / ``pre`` the token's HC
-    weights and ``comb`` its HC x HC (source-major) as scalars: every tensor is one [CHUNK] vector in
-    one layout, so nothing moves between threads before the norm's tree."""
-    x = bf16_to_f32(reduced, ON_GPU)
-    streams = ()
+    The streams come as one [BLOCK_HC, CHUNK] tile, each thread holding all its rows, and the mix
+    runs on the tile: as HC separate vectors with scalar weights, ptxas issued two of the streams'
+    loads only when the mix reached them (a second memory latency), 1.3-1.5 us slower at M = 64-128
+    on one H200."""
+    # Post-mix, all targets at once: m[j] = reduced * post[j], then m[j] = fma(res[s], comb[s, j], m[j]).
+    mixed = bf16_to_f32(reduced, ON_GPU)[None, :] * post[:, None]
     for source in tl.static_range(HC):
-        streams = streams + (bf16_to_f32(residual[source], ON_GPU),)
-    collapsed = tl.zeros([CHUNK], tl.float32)
-    for target in tl.static_range(HC):
-        # m = reduced * post[j], then m = fma(res[s], comb[s, j], m) in source order.
-        mixed = x * post[target]
-        for source in tl.static_range(HC):
-            mixed = ptx.fma_rn(streams[source], tl.broadcast_to(comb[source * HC + target], (CHUNK,)), mixed, ON_GPU)
-        residual_out = f32_to_bf16(mixed, ON_GPU)
-        tl.store(residual_out_ptr + (token * HC + target) * HIDDEN + h, residual_out, mask=in_row)
-        if VARIANT != RESIDUAL_ONLY:  # the collapse with the pre-mix, in target order
-            collapsed = ptx.fma_rn(bf16_to_f32(residual_out, ON_GPU), tl.broadcast_to(pre[target], (CHUNK,)), collapsed,
-                                   ON_GPU)
+        stream = bf16_to_f32(row_of(residual, streams, source).to(tl.int16), ON_GPU)
+        comb = row_of(comb_bits, streams, source).to(tl.float32, bitcast=True)
+        mixed = ptx.fma_rn(tl.broadcast_to(stream[None, :], (BLOCK_HC, CHUNK)),
+                           tl.broadcast_to(comb[:, None], (BLOCK_HC, CHUNK)), mixed, ON_GPU)
+    residual_out = f32_to_bf16(mixed, ON_GPU)
+    tile = (token * HC + streams[:, None]) * HIDDEN + h[None, :]
+    tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :])
     root = tl.zeros([], tl.float32)
     prenorm_bits = tl.zeros([CHUNK], tl.int16)
     if VARIANT != RESIDUAL_ONLY:
+        # Collapse with the pre-mix, in target order.
+        collapsed = tl.zeros([CHUNK], tl.float32)
+        residual_out = residual_out.to(tl.int32)
+        for target in tl.static_range(HC):
+            weight = tl.sum(tl.where(streams == target, pre_bits, 0)).to(tl.float32, bitcast=True)
+            stream = bf16_to_f32(row_of(residual_out, streams, target).to(tl.int16), ON_GPU)
+            collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
         prenorm_bits = f32_to_bf16(collapsed, ON_GPU)
         if PARK:
             tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
         prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
         root = pairwise_sum(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK)
     return root, prenorm_bits
-
-
-@triton.jit
-def _load_streams(residual_ptr, token, h, in_row, HIDDEN: tl.constexpr, HC: tl.constexpr):
-    """The HC residual streams of one chunk of the token (bf16 bits), one [CHUNK] vector each."""
-    streams = ()
-    for source in tl.static_range(HC):
-        streams = streams + (tl.load(residual_ptr + (token * HC + source) * HIDDEN + h, mask=in_row, other=0),)
-    return streams
-
-
-@triton.jit
-def _load_weights(ptr, COUNT: tl.constexpr):
-    """``COUNT`` consecutive fp32 scalars of a token's mixing weights."""
-    weights = ()
-    for i in tl.static_range(COUNT):
-        weights = weights + (tl.load(ptr + i),)
-    return weights
 
 
 @triton.jit
@@ -155,11 +140,14 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     padding = (num_tokens + 127) // 128 * 128 - num_tokens
     run = (padding + num_tokens - 1) // num_tokens
     if token * run < padding:  # most tokens have no run
+        # A row's four scales of a 128-column group are one 4-byte word of the layout: zero words.
         offsets = tl.arange(0, 128)
         rows = num_tokens + token * run + offsets
         in_run = (offsets < run) & (rows < num_tokens + padding)
-        tl.store(scales_ptr + scale_offset(rows[:, None], cols[None, :], PADDED_COLS),
-                 tl.zeros([128, CHUNK // 32], tl.uint8), mask=in_run[:, None] & (cols < COLS)[None, :])
+        groups = chunk * (CHUNK // 128) + tl.arange(0, CHUNK // 128)
+        words = scales_ptr + scale_offset(rows[:, None], 4 * groups[None, :], PADDED_COLS)
+        words = words.to(tl.pointer_type(tl.int32))
+        tl.store(words, tl.zeros([128, CHUNK // 128], tl.int32), mask=in_run[:, None] & (4 * groups < COLS)[None, :])
 
 
 @triton.jit
@@ -197,25 +185,27 @@ def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, valu
 
 
 @triton.jit
-def _take_chunk(residual, chunk, token, post, comb, pre, gen, generation, mailbox_ptr, residual_ptr,
-                residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr,
-                capacity, HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, TOP_K: tl.constexpr,
-                CHUNK: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr,
-                LOCAL: tl.constexpr, PARK: tl.constexpr, ON_GPU: tl.constexpr):
+def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen, generation,
+                mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr,
+                indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN: tl.constexpr, HC: tl.constexpr,
+                TP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr,
+                REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr, LOCAL: tl.constexpr,
+                PARK: tl.constexpr, ON_GPU: tl.constexpr):
     """The first pass over chunk ``chunk`` of the token: its reduced row (the contribution itself, or
     the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``."""
     h = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = h < HIDDEN
     if residual is None:
-        residual = _load_streams(residual_ptr, token, h, in_row, HIDDEN, HC)
+        residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
+                           other=0).to(tl.int32)
     if LOCAL:
         reduced = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
                                      PUBLISH == PUBLISH_FINALIZE, ON_GPU)
     else:
         reduced = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity,
                                  TP, HIDDEN, REDUCED, ON_GPU)
-    return _mix_chunk(reduced, residual, post, comb, pre, token, h, in_row, residual_out_ptr, layer_out_ptr,
-                      HIDDEN, HC, CHUNK, VARIANT, PARK, ON_GPU)
+    return _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
+                      layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, ON_GPU)
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
@@ -245,7 +235,7 @@ def consumer_kernel(
     peer_table_ptr,   # int64 [TP]: every rank's LL mailbox address           (PUBLISH, not LOCAL)
     multicast_address,  # int64: the LL mailbox's multicast address           (PUBLISH, MULTICAST)
     HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, TOP_K: tl.constexpr,
-    CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
+    BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
@@ -261,6 +251,9 @@ def consumer_kernel(
     token = (program // SPLIT).to(tl.int64)
     part = program % SPLIT  # the chunk of a cooperative program
     c = tl.arange(0, CHUNK)
+    streams = tl.arange(0, BLOCK_HC)
+    in_streams = streams < HC
+    tile_rows = (token * HC + streams[:, None]) * HIDDEN
     root_index = tl.arange(0, ROOTS)
     token_slots = root_slots_ptr + token * CHUNKS
 
@@ -276,11 +269,12 @@ def consumer_kernel(
         # latencies overlap the wait for the peers.
         if (PUBLISH != NO_PUBLISH) | LOCAL:
             ptx.grid_dependency_wait(USE_PDL, ON_GPU)
-        post = _load_weights(post_ptr + token * HC, HC)
-        comb = _load_weights(comb_ptr + token * HC * HC, HC * HC)
-        pre = post  # unused by the residual-only variant
+        post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
+        comb_bits = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
+                            mask=in_streams[:, None] & in_streams[None, :], other=0.0).to(tl.int32, bitcast=True)
+        pre_bits = tl.zeros([BLOCK_HC], tl.int32)
         if VARIANT != RESIDUAL_ONLY:
-            pre = _load_weights(pre_ptr + token * HC, HC)
+            pre_bits = tl.load(pre_ptr + token * HC + streams, mask=in_streams, other=0.0).to(tl.int32, bitcast=True)
         if LOCAL:
             generation = tl.zeros([], tl.int32)  # no mailbox, no generation
         elif PUBLISH != NO_PUBLISH:
@@ -288,7 +282,8 @@ def consumer_kernel(
         residual0 = None
         if (PUBLISH == NO_PUBLISH) & COOPERATIVE:  # the one chunk's streams, before the wait
             h0 = part * CHUNK + c
-            residual0 = _load_streams(residual_ptr, token, h0, h0 < HIDDEN, HIDDEN, HC)
+            residual0 = tl.load(residual_ptr + tile_rows + h0[None, :],
+                                mask=in_streams[:, None] & (h0 < HIDDEN)[None, :], other=0).to(tl.int32)
         if PUBLISH == NO_PUBLISH:
             ptx.grid_dependency_wait(USE_PDL, ON_GPU)
             generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
@@ -314,29 +309,29 @@ def consumer_kernel(
             # Its one chunk, kept in registers, except when the simulated group runs the normalize
             # as a second launch.
             root, prenorm = _take_chunk(
-                residual0, part, token, post, comb, pre, gen, generation, mailbox_ptr, residual_ptr,
-                residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr,
-                capacity, HIDDEN, HC, TP, TOP_K, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL,
-                (NORMALIZE_PHASE & PHASES) == 0, ON_GPU)
+                residual0, part, token, tile_rows, in_streams, post, comb_bits,
+                pre_bits, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
+                x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
+                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, ON_GPU)
         else:
             roots = tl.zeros([ROOTS], tl.float32)
             if HOLD:
                 held = ()
                 for chunk in tl.static_range(CHUNKS):  # the prenormalized row stays in registers
                     root, prenorm = _take_chunk(
-                        None, chunk, token, post, comb, pre, gen, generation, mailbox_ptr, residual_ptr,
-                        residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns,
-                        error_ptr, capacity, HIDDEN, HC, TP, TOP_K, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False,
-                        ON_GPU)
+                        None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
+                        generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
+                        weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, ON_GPU)
                     held = held + (prenorm,)
                     roots = tl.where(root_index == chunk, root, roots)
             else:
                 for chunk in range(CHUNKS):  # parked for the second pass
                     root, _ = _take_chunk(
-                        None, chunk, token, post, comb, pre, gen, generation, mailbox_ptr, residual_ptr,
-                        residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns,
-                        error_ptr, capacity, HIDDEN, HC, TP, TOP_K, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True,
-                        ON_GPU)
+                        None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
+                        generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
+                        weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, ON_GPU)
                     roots = tl.where(root_index == chunk, root, roots)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
             if program == 0:

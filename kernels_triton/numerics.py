@@ -84,8 +84,8 @@ def inverse_scale(u):
 
 @triton.jit
 def f32_to_e4m3(v, ON_GPU: tl.constexpr):
-    """fp32 -> float8_e4m3fn bits (int32 0..255), round to nearest even, after FlashInfer's clamp to
-    +-448 (a NaN becomes +448, as min.f32/max.f32 return the number). On the GPU the conversion is
+    """fp32 -> float8_e4m3fn bits (uint8), round to nearest even, after FlashInfer's clamp to +-448
+    (a NaN becomes +448, as min.f32/max.f32 return the number). On the GPU the conversion is
     FlashInfer's own instruction; the interpreter rounds in integers (the same bits)."""
     v = tl.where(v != v, 448.0, v)
     v = tl.minimum(tl.maximum(v, -448.0), 448.0)
@@ -99,7 +99,7 @@ def f32_to_e4m3(v, ON_GPU: tl.constexpr):
     # then the 2^23 trick rounds to nearest even).
     scaled = a.to(tl.float32, bitcast=True) * 512.0
     sub = ((scaled + 8388608.0) - 8388608.0).to(tl.int32)
-    return sign | tl.where(a >= 0x3C800000, normal, sub)
+    return (sign | tl.where(a >= 0x3C800000, normal, sub)).to(tl.uint8)
 
 
 @triton.jit

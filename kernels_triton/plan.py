@@ -58,13 +58,15 @@ LOCAL_STREAMING_MAX_REGISTERS = 64
 
 
 # The local streaming consumers of x (not the finalize, whose gather bounds it) hold the
-# prenormalized row in registers instead of parking it in layer_out where that was measured to win:
-# rows of HELD_CHUNK_COUNTS chunks, capped at HELD_MAX_REGISTERS (4 programs per SM, no spill).
-# One H200, tp = 1, H = 5120 (5 chunks): 109.3 us at M = 4096 against 118.5 parked, 59.3 against
-# 62.5 at 2048, quant 125.4 against 134.4. H = 4096 (4 chunks) lost 1-8% (28.7 against 26.7 us at
-# 1024), H = 7168 would spill at 96; the finalize lost (180 against 159 us at 4096), and so did 8
-# warps per 1024-wide chunk (8-byte accesses, ten times slower).
-HELD_CHUNK_COUNTS = (5,)
+# prenormalized row in registers instead of parking it in layer_out and reading it back: rows of up
+# to HELD_MAX_CHUNKS chunks, capped at HELD_MAX_REGISTERS (5 programs per SM), or at the parked cap
+# for rows of at most HELD_NARROW_CHUNKS chunks (8 programs per SM); no spill at H = 4096, 5120,
+# 7168 (ptxas -v). One H200, tp = 1, M = 1024 / 4096, against the parked row: plain 42.4 / 150.8 us
+# against 45.0 / 170.6 at H = 7168, quant 166.7 against 188.7 at 4096; at H = 4096, 64 registers
+# 24.7 / 87.5 against 27.8 / 92.7 at 96 (at 5120, 80 instead of 96 won nothing). The finalize lost
+# (180 against 159 us at 4096, H = 5120), and so did 8 warps per 1024-wide chunk (8-byte accesses).
+HELD_MAX_CHUNKS = 7
+HELD_NARROW_CHUNKS = 4
 HELD_MAX_REGISTERS = 96
 
 
@@ -117,12 +119,12 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                 for split in sorted({1, chunks}):
                     name = f"{prefix}_{variant}" + ("_split" if split > 1 else "")
                     hold = (split == 1 and protocol == LOCAL and publish.value == PUBLISH_X.value
-                            and variant != "residual" and chunks in HELD_CHUNK_COUNTS)
+                            and variant != "residual" and chunks <= HELD_MAX_CHUNKS)
                     plan[name] = KernelInstance(name, consumer_kernel, dict(
-                        common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k,
+                        common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
                         CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                         VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                         PHASES=ALL_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
-                        HELD_MAX_REGISTERS if hold else
+                        HELD_MAX_REGISTERS if hold and chunks > HELD_NARROW_CHUNKS else
                         LOCAL_STREAMING_MAX_REGISTERS if split == 1 and protocol == LOCAL else None)
     return plan

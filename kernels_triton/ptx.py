@@ -86,12 +86,13 @@ def global_timer_ns(ON_GPU: tl.constexpr):
 
 @triton.jit
 def e4m3_rn(v):
-    """float8_e4m3fn bits (int32 0..255) of fp32 values within +-448: ``cvt.rn.satfinite.e4m3x2``,
-    as FlashInfer converts (the pair's other half is a zero). GPU only: ``numerics.f32_to_e4m3``
-    holds the interpreter's integer twin."""
+    """float8_e4m3fn bits (uint8) of fp32 values within +-448: ``cvt.rn.satfinite.e4m3x2``, as
+    FlashInfer converts, four values (two conversions) to a register. GPU only:
+    ``numerics.f32_to_e4m3`` holds the interpreter's integer twin."""
     return tl.inline_asm_elementwise(
-        "{ .reg .b16 pair; cvt.rn.satfinite.e4m3x2.f32 pair, 0f00000000, $1; cvt.u32.u16 $0, pair; }",
-        "=r,r", args=[v.to(tl.int32, bitcast=True)], dtype=tl.int32, is_pure=True, pack=1)
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+        "mov.b32 $0, {lo, hi}; }",
+        "=r,r,r,r,r", args=[v], dtype=tl.uint8, is_pure=True, pack=4)
 
 
 @triton.jit

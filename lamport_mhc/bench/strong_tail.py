@@ -25,10 +25,11 @@ def _launch(kernel, grid, interpret: bool, num_warps: int, *args, **constexprs) 
         kernel[grid](*args, **constexprs, num_warps=num_warps)
 
 
-STRATEGIES = ("row", "held", "split")
+STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed")
 # The held form's warps per program, against ``num_warps`` for the others: on one H200 (H = 5120,
 # plain, prenorm held) 8 warps took 29.9 us at M = 1024 and 107.0 at 4096, 4 warps 34.7 and 120.1,
-# the parked row form 33.3 and 114.8.
+# the parked row form 33.3 and 114.8. With the streaming hints the held form took 28.5 us at
+# M = 1024 (23.3 against 25.0 at H = 4096, 42.3 against 44.4 at 7168) but 111.1 at 4096.
 HELD_WARPS_FACTOR = 2
 
 
@@ -37,7 +38,7 @@ class StrongTail:
     with ``hc`` streams. ``strategy`` "row": one program per token, one kernel; "held": the same
     with the prenorm row in registers between the passes; "split": one program per (token,
     1024-wide piece), two kernels (the mix, then the norm over the row's partial sums of squares),
-    for M too small to fill the GPU with rows."""
+    for M too small to fill the GPU with rows; "-streamed": with cache hints for what passes once."""
 
     def __init__(self, hidden: int, hc: int, quantize: bool = False, interpret: bool = False, num_warps: int = 4,
                  strategy: str = "row"):
@@ -50,6 +51,8 @@ class StrongTail:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.hidden, self.hc, self.quantize, self.interpret, self.num_warps = hidden, hc, quantize, interpret, num_warps
         self.strategy = strategy
+        self.form, _, hints = strategy.partition("-")
+        self.streamed = hints == "streamed"
         self.chunk = _chunk(hidden)
         self.pieces = hidden // self.chunk
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
@@ -70,17 +73,17 @@ class StrongTail:
         else:
             values = scales = layer_input  # unused pointers
             rows = m
-        if self.strategy in ("row", "held"):
-            hold = self.strategy == "held"
+        if self.form in ("row", "held"):
+            hold = self.form == "held"
             _launch(strong_tail_kernel, (rows,), self.interpret, self.num_warps * (HELD_WARPS_FACTOR if hold else 1),
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
                     HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
-                    SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, INTERPRETED=self.interpret)
+                    SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, STREAMED=self.streamed, INTERPRETED=self.interpret)
             return
         partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
         _launch(tail_mix_kernel, (m, self.pieces), self.interpret, self.num_warps,
                 reduced, residual, post, comb, pre, residual_out, layer_input, partial,
-                HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk)
+                HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, STREAMED=self.streamed)
         _launch(tail_norm_kernel, (rows, self.pieces), self.interpret, self.num_warps,
                 layer_input, weight, partial, values, scales, m, eps, HIDDEN=self.hidden, CHUNK=self.chunk,
                 QUANT=self.quantize, PIECES_P2=1 << max(0, (self.pieces - 1).bit_length()),

@@ -13,6 +13,8 @@ The tail comes in two forms, as engines pick kernels by M:
 - ``tail_mix_kernel`` then ``tail_norm_kernel``, one program per (token, piece) (small M, where one
   program's walk over the pieces is latency, not bandwidth): the mix writes each piece's sum of
   squares, the norm adds a row's partial sums before normalizing its piece.
+- ``STREAMED`` (either form): cache hints for data that passes once (inputs evicted first, the
+  streams stored ``.cs``), as engines' bandwidth-bound kernels give them.
 
 MXFP8 follows FlashInfer's rules (UE8M0 scale from amax * fp32(1/448), swizzled 128x4 scale layout,
 values clamped to +-448 and converted by the hardware); with QUANT the grid also covers the padded
@@ -31,23 +33,27 @@ INV_E4M3_MAX = tl.constexpr(1.0 / 448.0)  # rounded to fp32 where it meets an fp
 
 @triton.jit
 def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr, row64, c,
-               HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, PARK: tl.constexpr = True):
+               HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, PARK: tl.constexpr = True,
+               STREAMED: tl.constexpr = False):
     """Post-mix and collapse of piece ``c`` of a row: stores the streams and (``PARK``) the bf16
     prenorm in the layer-input buffer, returns the prenorm's squares and the prenorm. Every tensor is
     one [CHUNK] piece in one layout: no shuffles through shared memory between the loads, the mix
-    and the stores."""
+    and the stores. ``STREAMED``: the inputs are read once and the streams written once, so their
+    lines leave L2 first (``evict_first`` loads, ``.cs`` stores)."""
+    LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
+    STORE_CACHE: tl.constexpr = ".cs" if STREAMED else ""
     h = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(reduced_ptr + row64 * HIDDEN + h).to(tl.float32)
+    x = tl.load(reduced_ptr + row64 * HIDDEN + h, eviction_policy=LOAD_POLICY).to(tl.float32)
     streams = residual_ptr + row64 * HC * HIDDEN + h
-    s0 = tl.load(streams).to(tl.float32)
+    s0 = tl.load(streams, eviction_policy=LOAD_POLICY).to(tl.float32)
     s1 = s0
     s2 = s0
     s3 = s0
     if HC > 1:
-        s1 = tl.load(streams + HIDDEN).to(tl.float32)
+        s1 = tl.load(streams + HIDDEN, eviction_policy=LOAD_POLICY).to(tl.float32)
     if HC > 2:
-        s2 = tl.load(streams + 2 * HIDDEN).to(tl.float32)
-        s3 = tl.load(streams + 3 * HIDDEN).to(tl.float32)
+        s2 = tl.load(streams + 2 * HIDDEN, eviction_policy=LOAD_POLICY).to(tl.float32)
+        s3 = tl.load(streams + 3 * HIDDEN, eviction_policy=LOAD_POLICY).to(tl.float32)
     prenorm = tl.zeros([CHUNK], tl.float32)
     for j in tl.static_range(HC):  # target stream j: comb[s, j] weighs source stream s
         mixed = x * tl.load(post_ptr + row64 * HC + j)
@@ -59,7 +65,7 @@ def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_
             mixed += s2 * tl.load(weights + 2 * HC)
             mixed += s3 * tl.load(weights + 3 * HC)
         out = mixed.to(tl.bfloat16)
-        tl.store(residual_out_ptr + (row64 * HC + j) * HIDDEN + h, out)
+        tl.store(residual_out_ptr + (row64 * HC + j) * HIDDEN + h, out, cache_modifier=STORE_CACHE)
         prenorm += out.to(tl.float32) * tl.load(pre_ptr + row64 * HC + j)
     prenorm = prenorm.to(tl.bfloat16)
     if PARK:
@@ -112,7 +118,8 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
 def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, weight_ptr,
                        residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
-                       SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
+                       SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, STREAMED: tl.constexpr = False,
+                       INTERPRETED: tl.constexpr = False):
     """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them."""
     row = tl.program_id(0)
     if row < m:
@@ -121,7 +128,8 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
         held = ()
         for c in tl.static_range(HIDDEN // CHUNK):
             piece_squares, prenorm = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr,
-                                                residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, not HOLD)
+                                                residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, not HOLD,
+                                                STREAMED)
             squares += piece_squares
             held = held + (prenorm,)
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
@@ -148,11 +156,12 @@ def _zero_scales_of_padded_row(scales_ptr, row, HIDDEN: tl.constexpr, SCALE_COLS
 
 @triton.jit
 def tail_mix_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr,
-                    partial_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr):
+                    partial_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr,
+                    STREAMED: tl.constexpr = False):
     row64 = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     squares, _ = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr,
-                            row64, c, HIDDEN, HC, CHUNK)
+                            row64, c, HIDDEN, HC, CHUNK, True, STREAMED)
     tl.store(partial_ptr + row64 * (HIDDEN // CHUNK) + c, tl.sum(squares, axis=0))
 
 
