@@ -49,7 +49,8 @@ def _run_rows(hidden, us, paths=("triton-ll", "unfused-nccl")):
 def test_merge_replaces_only_what_the_new_run_measured(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     args = SimpleNamespace(calls=50, replays=5, hidden=[4096, 5120])
-    notes = [{"hidden": 4096, "text": "old 4096 note"}, {"hidden": 5120, "text": "tail H=5120: old"}]
+    notes = [{"hidden": 4096, "text": "old 4096 note"}, {"hidden": 5120, "text": "tail H=5120: old"},
+             {"hidden": 5120, "text": "time budget H=5120: stopped before M=16; not measured: 16"}]
     write_results(_run_rows(4096, 10.0) + _run_rows(5120, 20.0), notes, first, "h200", 2, Ceilings(700.0, 4000.0),
                   args)
     assert json.loads((first / "h200_tp2_notes.json").read_text())[0] == {
@@ -78,6 +79,7 @@ def test_merge_replaces_only_what_the_new_run_measured(tmp_path):
     assert "| 4096 | plain | 16 | triton-ll | 10.0 | nan | 10.0 | 1.00 | 5.00 |" in summary
     assert "| 5120 | plain | 16 | triton-bt | 40.0 |" in summary and "- old 4096 note" in summary
     assert "tail H=5120: old" not in summary
+    assert "time budget" not in summary  # the second run measured H=5120 again
 
 
 def test_method_minimums_are_enforced():

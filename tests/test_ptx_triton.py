@@ -163,9 +163,12 @@ def test_only_local_streaming_consumers_cap_registers(chunked):
         assert (".maxnreg 96" in text) == held, name
 
 
-def test_bf16_rounding_is_one_conversion(build):
-    """The contract's fp32 -> bf16 rounding is cvt.rn.bf16(x2).f32 on the GPU (NaN then made 0x7FC0)."""
+def test_bf16_rounding_is_one_conversion_a_pair(build):
+    """The contract's fp32 -> bf16 rounding is cvt.rn.bf16x2.f32 on the GPU, two values at once, its
+    NaN then made 0x7FC0 by min.s16x2, as many of one as of the other."""
     _, ptx = build
     for name, text in ptx.items():
         if name.startswith(("consumer", "one_kernel", "owner_reduce", "finalize_publish")):
-            assert _ops(text, r"cvt\.rn\.bf16(?:x2)?\.f32"), name
+            conversions = _ops(text, r"cvt\.rn\.bf16x2\.f32")
+            assert conversions and len(conversions) == len(_ops(text, r"min\.s16x2")), name
+            assert not _ops(text, r"cvt\.rn\.bf16\.f32"), name

@@ -48,6 +48,9 @@ def _shape(row: dict) -> tuple:
     return _row_key(row)[:5]
 
 
+TIME_BUDGET = "time budget"  # the subject of the notes on what a run had no time to measure
+
+
 def _note_key(note: dict) -> tuple:
     """What a note is about: its hidden size and the text before its first colon."""
     return note["hidden"], note["text"].split(":", 1)[0]
@@ -109,7 +112,10 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
         rows = [r for r in read_rows(merge) if _row_key(r) not in measured] + list(rows)
         old_notes = notes_path(merge)
         if old_notes.exists():
+            # A note the new run gave again is replaced; what the earlier run left unmeasured for
+            # lack of time is stale wherever this run measured that hidden size.
             subjects = {_note_key(n) for n in notes}
+            subjects |= {(h, f"{TIME_BUDGET} H={h}") for h in args.hidden}
             notes = [n for n in json.loads(old_notes.read_text()) if _note_key(n) not in subjects] + notes
     rows = [{k: r.get(k, HC if k == "hc" else None) for k in COLUMNS} for r in rows]
     rows = sorted(with_speedups(rows), key=lambda r: (r["hc"], r["hidden"], r["variant"], r["m"], r["path"]))
