@@ -132,7 +132,7 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     scale = ue8m0_scale(amax)
     scaled = tl.reshape(bf16_to_f32(layer, ON_GPU), (CHUNK // 32, 32)) * inverse_scale(scale)[:, None]
     codes = tl.reshape(f32_to_e4m3(scaled, ON_GPU), (CHUNK,))
-    tl.store(values_ptr + token * HIDDEN + h, codes.to(tl.uint8), mask=h < HIDDEN)
+    tl.store(values_ptr + token * HIDDEN + h, codes, mask=h < HIDDEN)
     cols = chunk * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
     tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
     # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into

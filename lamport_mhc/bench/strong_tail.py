@@ -50,7 +50,6 @@ class StrongTail:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.hidden, self.hc, self.quantize, self.interpret, self.num_warps = hidden, hc, quantize, interpret, num_warps
-        self.strategy = strategy
         self.form, _, hints = strategy.partition("-")
         self.streamed = hints == "streamed"
         self.chunk = _chunk(hidden)
