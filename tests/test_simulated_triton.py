@@ -35,10 +35,16 @@ def _group(tp, hidden, bt_min_rows=None):
                                        (1, 1408), (2, 1408), (5, 1408), (8, 1408), (1, 2304), (1, 3072), (3, 3072),
                                        (1, 7168), (2, 7168)])
 def test_ll_and_bt_match_the_reference(tp, hidden):
-    ll, bt = _group(tp, hidden), _group(tp, hidden, bt_min_rows=1)
+    ll = _group(tp, hidden)
+    # A group of one has one protocol (local), whatever the thresholds: it runs once.
+    bt = _group(tp, hidden, bt_min_rows=1) if tp > 1 else None
+    if bt is None:
+        assert all(path.spec.protocols == ("local",) for path in ll.paths)
     for call, (m, variant) in enumerate((m, v) for m in SIZES for v in VARIANTS):
         inputs = random_inputs(tp, m, hidden, HC, seed=1000 * tp + call, top_k=TOP_K)
         ll_out = check_simulated(ll, inputs, variant, EPS)
+        if bt is None:
+            continue
         bt_out = check_simulated(bt, inputs, variant, EPS)
         for a, b in zip(ll_out[0], bt_out[0]):  # LL and BT: the same bits (via the reference, and directly)
             if a is not None:
