@@ -65,8 +65,8 @@ def random_inputs(tp: int, m: int, hidden: int, hc: int, *, seed: int, top_k: in
         inputs["gemm2s"] = [_bf16((rows, hidden), g) for _ in range(tp)]
         inputs["weights"] = [torch.rand((m, top_k), generator=g) for _ in range(tp)]
         idxs = [torch.randint(0, rows, (m, top_k), generator=g, dtype=torch.int32) for _ in range(tp)]
-        for idx in idxs:  # about a third of the routes live on another EP rank
-            idx[torch.rand((m, top_k), generator=g) < 0.33] = -1
+        for idx in idxs:  # the routes another EP rank holds
+            idx[torch.rand((m, top_k), generator=g) >= HELD_ROUTE_FRACTION] = -1
         inputs["idxs"] = idxs
     if top_k:
         inputs["shareds"] = [_bf16((m, hidden), g) for _ in range(tp)]
