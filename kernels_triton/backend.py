@@ -15,7 +15,7 @@ from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
-from .plan import kernel_plan, row_chunks
+from .plan import kernel_plan, root_slot_stride, row_chunks
 
 PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
                "both": ALL_PHASES.value}
@@ -56,7 +56,8 @@ class TritonKernels:
         self._unused = {dtype: torch.zeros(16, dtype=dtype, device=device)
                         for dtype in (torch.int16, torch.float32, torch.int32, torch.uint8, torch.int64)}
         # The cooperative form's root slots: per token and chunk, epoch << 32 | the chunk root's bits.
-        self.root_slots = torch.zeros(spec.capacity * self.chunks, dtype=torch.int64, device=device)
+        self.root_stride = root_slot_stride(self.chunks)  # slots per token: [capacity, root_stride]
+        self.root_slots = torch.zeros(spec.capacity * self.root_stride, dtype=torch.int64, device=device)
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else torch.cuda.get_device_properties(device).multi_processor_count
         self.split_rows = self._split_rows()

@@ -14,7 +14,7 @@ root, which is exact for every sum of squares.
 - Streaming: between the two passes the prenormalized row waits in ``layer_out`` (its bf16 bits:
   the contract rounds it there anyway).
 - Cooperative: a program keeps its prenormalized chunk in registers and exchanges chunk roots with
-  the token's other programs through ``root_slots`` (int64 [capacity, CHUNKS]), Lamport style: a
+  the token's other programs through ``root_slots`` (int64 [capacity, ROOT_STRIDE]), Lamport style: a
   slot is one 64-bit word, epoch in the high half and the root's bits in the low half, so a root is
   its own ready flag. The epoch is one more than the program's own slot held (only that program
   writes it, and a token's slots are always written together, so they agree); it waits until every
@@ -227,7 +227,7 @@ def consumer_kernel(
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever
     capacity,         # max_num_tokens of the build
-    root_slots_ptr,   # int64 [capacity, CHUNKS]: epoch << 32 | chunk root bits   (SPLIT > 1)
+    root_slots_ptr,   # int64 [capacity, ROOT_STRIDE]: epoch << 32 | chunk root bits   (SPLIT > 1)
     x_ptr,            # int16 [M, H]: x, or the shared expert output          (PUBLISH)
     gemm2_ptr,        # int16 [rows, H]                                       (PUBLISH_FINALIZE)
     weights_ptr,      # fp32 [M, TOP_K]                                       (PUBLISH_FINALIZE)
@@ -235,7 +235,7 @@ def consumer_kernel(
     peer_table_ptr,   # int64 [TP]: every rank's LL mailbox address           (PUBLISH, not LOCAL)
     multicast_address,  # int64: the LL mailbox's multicast address           (PUBLISH, MULTICAST)
     HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, TOP_K: tl.constexpr,
-    BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
+    BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr, ROOT_STRIDE: tl.constexpr,
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
@@ -255,7 +255,7 @@ def consumer_kernel(
     in_streams = streams < HC
     tile_rows = (token * HC + streams[:, None]) * HIDDEN
     root_index = tl.arange(0, ROOTS)
-    token_slots = root_slots_ptr + token * CHUNKS
+    token_slots = root_slots_ptr + token * ROOT_STRIDE
 
     if PHASES == NORMALIZE_PHASE:
         # The simulated group's second launch of the cooperative form: this program's chunk and slot

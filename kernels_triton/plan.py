@@ -50,6 +50,16 @@ def row_warps(chunk: int) -> int:
     return chunk // 256
 
 
+# A token's cooperative root slots start a 128-byte line of their own: the token's programs poll
+# their line until every root has landed, and tokens sharing a line would contend at one L2 slice.
+ROOT_LINE_SLOTS = 16
+
+
+def root_slot_stride(chunks: int) -> int:
+    """int64 slots per token in ``root_slots``: its chunks' roots, padded to whole lines."""
+    return -(-chunks // ROOT_LINE_SLOTS) * ROOT_LINE_SLOTS
+
+
 # The register cap of the local streaming consumers that park the row: 64 x 128 threads lets 8
 # programs share an SM (4 warps each) where the compiler takes 72-95, spilling nothing (the
 # finalize: 12 bytes) at H = 4096-7168 (ptxas -v). The mailbox consumers, which hold more across
@@ -122,7 +132,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                             and variant != "residual" and chunks <= HELD_MAX_CHUNKS)
                     plan[name] = KernelInstance(name, consumer_kernel, dict(
                         common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
-                        CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
+                        CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), ROOT_STRIDE=root_slot_stride(chunks),
+                        SPLIT=split, HOLD=hold, REDUCED=bt,
                         VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                         PHASES=ALL_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
                         HELD_MAX_REGISTERS if hold and chunks > HELD_NARROW_CHUNKS else

@@ -70,8 +70,9 @@ def test_generations_cycle_with_m_changing_every_call():
             assert state["ll"][2] == 0  # the one-kernel form's arrival count is reset by its last program
         for path in group.paths:  # each cooperative call advanced the epoch of every slot of its token
             kernels = path.kernels["triton"]
-            epochs = kernels.root_slots.view(-1, kernels.chunks) >> 32
-            assert (epochs[0] == cooperative_calls).all() and not epochs[1:].any()
+            epochs = kernels.root_slots.view(-1, kernels.root_stride) >> 32
+            assert (epochs[0, :kernels.chunks] == cooperative_calls).all()
+            assert not epochs[1:].any() and not epochs[0, kernels.chunks:].any()  # a line per token, padded
     assert ll_calls > 3 and bt_calls > 3 and cooperative_calls > 3
 
 
@@ -191,7 +192,8 @@ def test_norm_sums_each_chunk_by_the_contracts_tree(tp, hidden, split_rows):
             chunk, chunks = row_chunks(hidden)
             expected = torch.stack([pairwise_sum(squares[:, i * chunk:(i + 1) * chunk]) for i in range(chunks)], -1)
             for path in group.paths:
-                words = path.kernels["triton"].root_slots.view(-1, chunks)[:rows]
+                kernels = path.kernels["triton"]
+                words = kernels.root_slots.view(-1, kernels.root_stride)[:rows, :chunks]
                 roots = (words & 0xFFFFFFFF).to(torch.int32)
                 assert torch.equal(roots, expected.view(torch.int32))
 
