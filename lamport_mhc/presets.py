@@ -64,19 +64,19 @@ H200_TP2 = "bench/results/h200_tp2.csv"
 PRESETS: dict[tuple[str, int, int], Preset] = {
     ("hopper", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((3, "triton"), (100, "cute"), (8192, "triton"),),
+        routes={"plain": ((8192, "triton"),),
                 "finalize": ((8192, "triton"),),
                 "quant": ((8192, "triton"),)}),
     ("hopper", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((3, "triton"), (100, "cute"), (8192, "triton"),),
-                "finalize": ((8, "triton"), (64, "cute"), (8192, "triton"),),
-                "quant": ((8, "triton"), (64, "cute"), (8192, "triton"),)}),
+        routes={"plain": ((8192, "triton"),),
+                "finalize": ((8192, "triton"),),
+                "quant": ((8192, "triton"),)}),
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((3, "triton"), (100, "cute"), (8192, "triton"),),
+        routes={"plain": ((8192, "triton"),),
                 "finalize": ((128, "triton"), (8192, "cute"),),
-                "quant": ((16, "triton"), (100, "cute"), (8192, "triton"),)}),
+                "quant": ((8192, "triton"),)}),
     ("hopper", 2, 4096): Preset(
         bt_min_rows=4, bt_min_finalize_rows=32, backends=("cute", "triton"), source=H200_TP2,
         routes={"plain": ((128, "cute"), (256, "triton"), (8192, "cute"),),
