@@ -133,9 +133,9 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                     plan[name] = KernelInstance(name, consumer_kernel, dict(
                         common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
                         CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), ROOT_STRIDE=root_slot_stride(chunks),
-                        SPLIT=split, HOLD=hold, REDUCED=bt,
-                        VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
-                        PHASES=ALL_PHASES.value, MULTICAST=multicast), CONSUMER_SIGNATURE, warps,
+                        SPLIT=split, HOLD=hold, REDUCED=bt, VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value,
+                        LOCAL=protocol == LOCAL, PHASES=ALL_PHASES.value, MULTICAST=multicast),
+                        CONSUMER_SIGNATURE, warps,
                         HELD_MAX_REGISTERS if hold and chunks > HELD_NARROW_CHUNKS else
                         LOCAL_STREAMING_MAX_REGISTERS if split == 1 and protocol == LOCAL else None)
     return plan
