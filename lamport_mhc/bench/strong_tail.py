@@ -31,8 +31,8 @@ STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed")
 # the parked row form 33.3 and 114.8. With the streaming hints the held form took 28.5 us at
 # M = 1024 (23.3 against 25.0 at H = 4096, 42.3 against 44.4 at 7168) but 111.1 at 4096. Slower
 # than the held form at M = 1024 / 4096 (every H, plain and quant): a persistent kernel that Triton
-# software-pipelines (cp.async of the next pieces into shared memory, the row parked), by 2-9%; 16
-# warps, by 15-30%. Issuing the next piece's loads before this piece's mix changed nothing.
+# software-pipelines (cp.async of the next pieces into shared memory, the row parked), by 4-16%; 16
+# warps, by 9-26%. Issuing the next piece's loads before this piece's mix changed nothing.
 HELD_WARPS_FACTOR = 2
 
 
