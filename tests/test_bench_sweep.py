@@ -68,6 +68,7 @@ def test_sweep_on_one_rank(tmp_path):
     assert "time budget H=512: stopped before M=1; not measured: 1, 3" in texts
     assert "time budget H=1024: not measured, the budget ran out before it" in texts
     assert any(t.startswith("build triton-local H=256: RuntimeError") for t in texts)  # no CUDA device here
+    assert any(t.startswith("auto at H=256: runs ") for t in texts)  # its subject: a merge replaces it
     skipped = {n["skipped"]["path"]: n["skipped"]["reason"] for n in notes if "skipped" in n}
     assert "refuses a group of 1" in skipped["flashinfer_all_reduce"]
     assert skipped["lamport-ar-floor"] == "a group of one has no all-reduce to bound"

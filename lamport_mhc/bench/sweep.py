@@ -104,7 +104,7 @@ class Sweep:
                 hidden, self.hc, capacity, args.top_k, self.device, **build))
             if op is not None:
                 ops["auto"] = op
-                self.note(hidden, f"auto at H={hidden} runs {op.backend} (preset measured in {op.preset.source})")
+                self.note(hidden, f"auto at H={hidden}: runs {op.backend} (preset measured in {op.preset.source})")
         for backend in args.backends:
             if self.tp == 1:  # a group of one has one protocol, "local": no mailbox, nothing to force
                 configs = {f"{backend}-local": AllReduceMHCConfig(backend=backend)}
