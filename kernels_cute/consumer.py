@@ -224,7 +224,8 @@ class ConsumerKernel:
                 primitives.store_v4(lamport.element_address(layer_out, Int64(token) * Int64(hidden) + Int64(column)),
                                     layer)
             if cutlass.const_expr(self.quant):
-                store_mxfp8(layer, values, scales, token, num_tokens, fragment, column, in_row, tidx, hidden)
+                store_mxfp8(layer, values, scales, token, num_tokens, fragment, column, in_row, tidx, hidden,
+                            spread_padding=True)
         if cutlass.const_expr(self.publish is not None):
             if (tidx == Int32(0)) & (arrived == num_tokens * Int32(self.ctas) - Int32(1)):
                 primitives.store_b32(lamport.element_address(state, Int64(layout.STATE_ARRIVED)), Int32(0))

@@ -207,7 +207,8 @@ def scale_address(scales: cute.Tensor, row: Int32, col: Int32, padded_cols: cutl
 
 @cute.jit
 def store_mxfp8(layer, values: cute.Tensor, scales: cute.Tensor, token: Int32, num_tokens: Int32, fragment: Int32,
-                column: Int32, in_row: Boolean, tidx: Int32, hidden: cutlass.Constexpr[int]):
+                column: Int32, in_row: Boolean, tidx: Int32, hidden: cutlass.Constexpr[int],
+                spread_padding: cutlass.Constexpr[bool] = False):
     """The layer input as MXFP8 through FlashInfer's own helpers, as its MXFP8 kernel calls them:
     4 consecutive threads (consecutive fragments of the row) hold one 32-element block
     (``lamport_mhc.mxfp8`` states the same rules). Every thread of the warp takes part in the
@@ -225,15 +226,21 @@ def store_mxfp8(layer, values: cute.Tensor, scales: cute.Tensor, token: Int32, n
     word = u << (Uint32(8) * Uint32(col % Int32(4)))
     for level in cutlass.range_constexpr(2):
         word = word | Uint32(cute.arch.shuffle_sync_bfly(word, offset=FRAGMENTS_PER_SCALE << level))
-    leader = in_row & ((tidx % Int32(FRAGMENTS_PER_SCALE_WORD)) == Int32(0))
-    if leader:
+    lane = tidx % Int32(FRAGMENTS_PER_SCALE_WORD)
+    if in_row & (lane == Int32(0)):
         primitives.store_b32(scale_address(scales, token, col, padded_cols), Int32(word))
-        # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split
-        # into one contiguous run per token.
+    # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into one
+    # contiguous run per token. ``spread_padding`` (few tokens, long runs: 127 rows at M = 1) spreads
+    # a run over the 16 threads of the word's group; otherwise the word's first thread stores it.
+    zeroing, first_row, row_step = in_row & (lane == Int32(0)), Int32(0), 1
+    if cutlass.const_expr(spread_padding):
+        zeroing, first_row, row_step = in_row, lane, FRAGMENTS_PER_SCALE_WORD
+    if zeroing:
         padding = (num_tokens + Int32(127)) // Int32(128) * Int32(128) - num_tokens
         run = (padding + num_tokens - Int32(1)) // num_tokens
         first = num_tokens + token * run
-        for i in cutlass.range(run):
+        word_col = col - col % Int32(4)
+        for i in cutlass.range(first_row, run, row_step):
             row = first + i
             if row < num_tokens + padding:
-                primitives.store_b32(scale_address(scales, row, col, padded_cols), Int32(0))
+                primitives.store_b32(scale_address(scales, row, word_col, padded_cols), Int32(0))
