@@ -15,7 +15,7 @@ from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
-from .plan import kernel_plan, root_slot_stride, row_chunks
+from .plan import STREAMED_ROWS, kernel_plan, root_slot_stride, row_chunks
 
 PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
                "both": ALL_PHASES.value}
@@ -61,6 +61,7 @@ class TritonKernels:
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else torch.cuda.get_device_properties(device).multi_processor_count
         self.split_rows = self._split_rows()
+        self.streamed_rows = STREAMED_ROWS  # (lo, hi]: the local streaming consumers' hinted twins
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
         self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
@@ -96,11 +97,15 @@ class TritonKernels:
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both"):
-        """One launch of ``m * split`` programs (a token's adjacent). The interpreter, which runs
-        programs one after another, runs a cooperative form's normalize as a second launch, once
-        every program has left its chunk root."""
+        """One launch of ``m * split`` programs (a token's adjacent), by the kernel's ``_streamed``
+        twin where it has one and ``m`` is in ``streamed_rows``. The interpreter, which runs programs
+        one after another, runs a cooperative form's normalize as a second launch, once every
+        program has left its chunk root."""
         split = self._split(m, waits_for_twins)
         name += "_split" if split > 1 else ""
+        lo, hi = self.streamed_rows
+        if lo < m <= hi and f"{name}_streamed" in self.plan:  # the local streaming consumers have one
+            name += "_streamed"
         if not self.interpret:
             if phases != "both":
                 raise ValueError(f"{name}: a compiled kernel runs all its phases in one launch, got {phases!r}")

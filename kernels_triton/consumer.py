@@ -37,6 +37,9 @@ Specialized by constexprs:
   (BT's owner reduce already did).
 - ``VARIANT``: 0 plain, 1 quant (also MXFP8 values and swizzled 128x4 UE8M0 scales, zeroing the
   scales of the padding rows), 2 residual-only (writes only the residual streams).
+- ``STREAMED``: cache hints for the bytes a call moves once: the contribution's inputs and the
+  streams are loaded ``evict_first``, the streams out stored ``.cs`` (the layer input, which the
+  next GEMM reads, is stored plainly). Which calls take them: ``plan.STREAMED_ROWS``.
 Every step follows the bit contract of ``lamport_mhc.reference``; see DESIGN.md.
 """
 
@@ -80,7 +83,8 @@ def _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, ge
 @triton.jit
 def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
                layer_out_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, BLOCK_HC: tl.constexpr,
-               CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, ON_GPU: tl.constexpr):
+               CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, STREAMED: tl.constexpr,
+               ON_GPU: tl.constexpr):
     """The first pass over one chunk: post-mix and store the streams; then (with the norm) collapse
     and return the prenormalized chunk's bf16 bits and the root of its squares' tree, having parked
     the chunk in ``layer_out`` if ``PARK`` (the second pass reads it back there).
@@ -97,7 +101,9 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
                            tl.broadcast_to(comb[:, None], (BLOCK_HC, CHUNK)), mixed, ON_GPU)
     residual_out = f32_to_bf16(mixed, ON_GPU)
     tile = (token * HC + streams[:, None]) * HIDDEN + h[None, :]
-    tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :])
+    STORE_CACHE: tl.constexpr = ".cs" if STREAMED else ""
+    tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :],
+             cache_modifier=STORE_CACHE)
     root = tl.zeros([], tl.float32)
     prenorm_bits = tl.zeros([CHUNK], tl.int16)
     if VARIANT != RESIDUAL_ONLY:
@@ -190,22 +196,23 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, 
                 indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN: tl.constexpr, HC: tl.constexpr,
                 TP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr,
                 REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr, LOCAL: tl.constexpr,
-                PARK: tl.constexpr, ON_GPU: tl.constexpr):
+                PARK: tl.constexpr, STREAMED: tl.constexpr, ON_GPU: tl.constexpr):
     """The first pass over chunk ``chunk`` of the token: its reduced row (the contribution itself, or
     the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``."""
     h = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = h < HIDDEN
     if residual is None:
+        LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
         residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
-                           other=0).to(tl.int32)
+                           other=0, eviction_policy=LOAD_POLICY).to(tl.int32)
     if LOCAL:
         reduced = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
-                                     PUBLISH == PUBLISH_FINALIZE, ON_GPU)
+                                     PUBLISH == PUBLISH_FINALIZE, ON_GPU, STREAMED)
     else:
         reduced = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity,
                                  TP, HIDDEN, REDUCED, ON_GPU)
     return _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
-                      layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, ON_GPU)
+                      layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, STREAMED, ON_GPU)
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
@@ -238,7 +245,7 @@ def consumer_kernel(
     BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr, ROOT_STRIDE: tl.constexpr,
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
-    ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
+    STREAMED: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
     # (A flag computed from a plain constexpr is a bool under the interpreter, which has no bool & constexpr:
@@ -312,7 +319,7 @@ def consumer_kernel(
                 residual0, part, token, tile_rows, in_streams, post, comb_bits,
                 pre_bits, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
                 x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
-                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, ON_GPU)
+                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, STREAMED, ON_GPU)
         else:
             roots = tl.zeros([ROOTS], tl.float32)
             if HOLD:
@@ -322,7 +329,7 @@ def consumer_kernel(
                         None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, ON_GPU)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, STREAMED, ON_GPU)
                     held = held + (prenorm,)
                     roots = tl.where(root_index == chunk, root, roots)
             else:
@@ -331,7 +338,7 @@ def consumer_kernel(
                         None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, ON_GPU)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, STREAMED, ON_GPU)
                     roots = tl.where(root_index == chunk, root, roots)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
             if program == 0:

@@ -21,23 +21,26 @@ from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
 
 @triton.jit
 def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
-                       HIDDEN: tl.constexpr, TOP_K: tl.constexpr, FINALIZE: tl.constexpr, ON_GPU: tl.constexpr):
+                       HIDDEN: tl.constexpr, TOP_K: tl.constexpr, FINALIZE: tl.constexpr, ON_GPU: tl.constexpr,
+                       STREAMED: tl.constexpr = False):
     """bf16 bits of a rank's contribution to ``token`` at columns ``h`` (whole 16-byte fragments;
     columns past HIDDEN read as +0): ``x``, or the MoE finalize (then ``x_ptr`` is the shared expert
-    output); zero canonicalized."""
+    output); zero canonicalized. ``STREAMED``: its inputs are loaded ``evict_first``."""
+    LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
     if FINALIZE:
         acc = tl.zeros(h.shape, tl.float32)
         for k in tl.static_range(TOP_K):
             row = tl.load(indices_ptr + token * TOP_K + k)
             weight = tl.load(weights_ptr + token * TOP_K + k)
             routed = row != -1
-            values = tl.load(gemm2_ptr + row.to(tl.int64) * HIDDEN + h, mask=routed & (h < HIDDEN), other=0)
+            values = tl.load(gemm2_ptr + row.to(tl.int64) * HIDDEN + h, mask=routed & (h < HIDDEN), other=0,
+                             eviction_policy=LOAD_POLICY)
             # A route this rank does not hold is skipped, not multiplied by zero.
             acc = tl.where(routed, ptx.fma_rn(bf16_to_f32(values, ON_GPU), weight, acc, ON_GPU), acc)
-        shared = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
+        shared = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0, eviction_policy=LOAD_POLICY)
         contribution = f32_to_bf16(acc + bf16_to_f32(shared, ON_GPU), ON_GPU)
     else:
-        contribution = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
+        contribution = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0, eviction_policy=LOAD_POLICY)
     return canonical_zero(contribution)
 
 

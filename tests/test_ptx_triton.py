@@ -139,10 +139,27 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
             assert not _ops(text, r"ld\.volatile"), f"{name}: the local form polls nothing"
             assert "griddepcontrol.wait" in text, name
     # Rows of several chunks also build the latency form of every consumer.
-    consumers = {n for n in names if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith("_split")}
+    consumers = {n for n in names if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith(("_split", "_streamed"))}
     assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if chunks > 1 else set())
     if tp == 1:
-        assert names == {"local_plain", "local_finalize_plain", "local_plain_split", "local_finalize_plain_split"}
+        assert names == {f"local{f}_plain{twin}" for f in ("", "_finalize") for twin in ("", "_streamed")} | (
+            {"local_plain_split", "local_finalize_plain_split"} if chunks > 1 else set())
+
+
+def test_streamed_twins_hint_what_passes_once(chunked):
+    """Each local streaming consumer has a ``_streamed`` twin, the same kernel but for its loads of
+    x (or GEMM2 and the shared expert) and the streams (evict_first, through an L2 policy) and its
+    stores of the streams (.cs); no other kernel hints anything."""
+    tp, _, ptx = chunked
+    for name, text in ptx.items():
+        streamed = name.endswith("_streamed")
+        assert bool(_ops(text, r"ld\.global\.L1::evict_first\.L2::cache_hint\.v4\.b32")) == streamed, name
+        assert bool(_ops(text, r"createpolicy\.fractional\.L2::evict_first")) == streamed, name
+        assert bool(_ops(text, r"st\.global\.cs\.v4\.b32")) == streamed, name
+        if streamed:
+            assert name.removesuffix("_streamed") in ptx, name
+    assert {n.removesuffix("_streamed") for n in ptx if n.endswith("_streamed")} == (
+        {n for n in ptx if n.startswith("local") and not n.endswith(("_split", "_streamed"))} if tp == 1 else set())
 
 
 def test_quant_converts_with_flashinfers_instruction(build):

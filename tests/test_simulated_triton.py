@@ -8,7 +8,7 @@ import torch
 from lamport_mhc import SimulatedGroup
 from lamport_mhc.paths import FusedPath
 from lamport_mhc.testing import assert_outputs_match, call_simulated, check_simulated, random_inputs
-from kernels_triton.plan import row_chunks
+from kernels_triton.plan import STREAMED_ROWS, row_chunks
 
 EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps
 
@@ -210,6 +210,23 @@ def test_latency_form_bound_and_residency():
     assert kernels._split(3) == 3  # a consumer after its publish waits for nothing it could block
     one_chunk = SimulatedGroup(1, hidden_size=1024, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=4)
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
+
+
+def test_calls_in_the_streamed_window_take_the_hinted_twins():
+    """Local calls of lo < M <= hi rows run the streaming consumers' ``_streamed`` twins (x and
+    finalize), every other call and form its plain kernel; the bits are the reference's either way."""
+    group = SimulatedGroup(1, hidden_size=1408, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
+                           quantize_layer_input=True, split_rows=1)
+    kernels = group.paths[0].kernels["triton"]
+    assert kernels.streamed_rows == STREAMED_ROWS
+    kernels.streamed_rows = (2, 4)
+    launched = []
+    launch = kernels._launch
+    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    for m, variant in ((1, "plain"), (2, "quant"), (3, "plain"), (4, "finalize"), (5, "quant")):
+        check_simulated(group, random_inputs(1, m, 1408, HC, seed=m, top_k=TOP_K), variant, EPS)
+    assert launched == ["local_plain_split", "local_plain_split",  # the cooperative form: mix, then normalize
+                        "local_quant", "local_plain_streamed", "local_finalize_plain_streamed", "local_quant"]
 
 
 def test_cooperative_wait_for_the_tokens_own_roots_is_bounded():
