@@ -83,8 +83,9 @@ HELD_MAX_REGISTERS = 96
 # Calls of lo < M <= hi rows take the local streaming consumers' ``_streamed`` twins (cache hints for
 # what a call moves once; the consumer's ``STREAMED``). One H200, tp = 1, H = 4096 / 5120 / 7168,
 # plain, quant and finalize, hints against none: 768 rows 1.6-12.8% faster, 1024 2.2-4.8%, 1536 up to
-# 6.2% (7168 quant 2.2% slower); 512 5-12% faster at 5120 and 7168 but 9-21% slower at 4096 (a call
-# that fits in L2 is read there by the next one without hints); 2048 up to 3.3% slower, 4096 3-5%.
+# 6.2% (7168 quant 2.2% slower); 512 5-12% faster at 5120 and 7168 but 9-21% slower at 4096 (where a
+# call's bytes fit in L2, the next call with the same inputs finds them there unless the hints evicted
+# them first); 2048 up to 3.3% slower, 4096 3-5%.
 STREAMED_ROWS = (512, 1536)
 
 
@@ -140,7 +141,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                     hold = (local_streaming and publish.value == PUBLISH_X.value and variant != "residual"
                             and chunks <= HELD_MAX_CHUNKS)
                     for streamed in (False, True) if local_streaming else (False,):
-                        name = f"{prefix}_{variant}" + ("_split" if split > 1 else "") + ("_streamed" if streamed else "")
+                        name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "")
+                                + ("_streamed" if streamed else ""))
                         plan[name] = KernelInstance(name, consumer_kernel, dict(
                             common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
                             CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks),

@@ -139,7 +139,8 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
             assert not _ops(text, r"ld\.volatile"), f"{name}: the local form polls nothing"
             assert "griddepcontrol.wait" in text, name
     # Rows of several chunks also build the latency form of every consumer.
-    consumers = {n for n in names if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith(("_split", "_streamed"))}
+    consumers = {n for n in names
+                 if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith(("_split", "_streamed"))}
     assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if chunks > 1 else set())
     if tp == 1:
         assert names == {f"local{f}_plain{twin}" for f in ("", "_finalize") for twin in ("", "_streamed")} | (
