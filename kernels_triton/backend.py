@@ -61,7 +61,9 @@ class TritonKernels:
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else torch.cuda.get_device_properties(device).multi_processor_count
         self.split_rows = self._split_rows()
-        self.streamed_rows = STREAMED_ROWS  # (lo, hi]: the local streaming consumers' hinted twins
+        # Local calls in STREAMED_ROWS that move at least the L2's bytes take the hinted twins.
+        self.streamed_rows = STREAMED_ROWS
+        self.l2_bytes = None if interpret else torch.cuda.get_device_properties(device).L2_cache_size
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
         self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
@@ -96,16 +98,13 @@ class TritonKernels:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
-    def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both"):
-        """One launch of ``m * split`` programs (a token's adjacent), by the kernel's ``_streamed``
-        twin where it has one and ``m`` is in ``streamed_rows``. The interpreter, which runs programs
-        one after another, runs a cooperative form's normalize as a second launch, once every
-        program has left its chunk root."""
+    def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
+                         streamed: bool = False):
+        """One launch of ``m * split`` programs (a token's adjacent); a streaming form with
+        ``streamed`` by its hinted twin. The interpreter, which runs programs one after another, runs
+        a cooperative form's normalize as a second launch, once every program has left its chunk root."""
         split = self._split(m, waits_for_twins)
-        name += "_split" if split > 1 else ""
-        lo, hi = self.streamed_rows
-        if lo < m <= hi and f"{name}_streamed" in self.plan:  # the local streaming consumers have one
-            name += "_streamed"
+        name += "_split" if split > 1 else "_streamed" if streamed else ""
         if not self.interpret:
             if phases != "both":
                 raise ValueError(f"{name}: a compiled kernel runs all its phases in one launch, got {phases!r}")
@@ -171,7 +170,20 @@ class TritonKernels:
     def local(self, call: Call) -> None:
         name, publish = self._with_contribution("local", call)
         self._launch_consumer(f"{name}_{call.consumer.variant}", call.m, *self._consumer_args("local", call.consumer),
-                              *publish, self._ll_peers, self._ll_multicast)
+                              *publish, self._ll_peers, self._ll_multicast, streamed=self._streamed(call))
+
+    def _streamed(self, call: Call) -> bool:
+        """Whether a local call takes the hinted twin: ``streamed_rows`` rows that move at least the
+        L2's bytes (x or every route's GEMM2 row and the shared expert, the streams in and out, the
+        layer input and its MXFP8 copy)."""
+        lo, hi = self.streamed_rows
+        if self.l2_bytes is None or not lo < call.m <= hi:
+            return False
+        spec, row = self.spec, 2 * self.spec.hidden
+        per_token = row * (spec.top_k + 1 if call.kind == "finalize" else 1) + 2 * spec.hc * row + row
+        if call.consumer.mxfp8_values is not None:
+            per_token += spec.hidden + spec.hidden // 32
+        return call.m * per_token >= self.l2_bytes
 
     def _with_contribution(self, prefix: str, call: Call) -> tuple[str, tuple]:
         """The kernel name's stem and the contribution's arguments (x, or the finalize inputs)."""

@@ -80,13 +80,14 @@ HELD_NARROW_CHUNKS = 4
 HELD_MAX_REGISTERS = 96
 
 
-# Calls of lo < M <= hi rows take the local streaming consumers' ``_streamed`` twins (cache hints for
-# what a call moves once; the consumer's ``STREAMED``). One H200, tp = 1, H = 4096 / 5120 / 7168,
-# plain, quant and finalize, hints against none: 768 rows 1.6-12.8% faster, 1024 2.2-4.8%, 1536 up to
-# 6.2% (7168 quant 2.2% slower); 512 5-12% faster at 5120 and 7168 but 9-21% slower at 4096 (where a
-# call's bytes fit in L2, the next call with the same inputs finds them there unless the hints evicted
-# them first); 2048 up to 3.3% slower, 4096 3-5%.
-STREAMED_ROWS = (512, 1536)
+# Local calls of lo < M <= hi rows that move at least the L2's bytes take the streaming consumers'
+# ``_streamed`` twins (cache hints for what a call moves once; the consumer's ``STREAMED``). One H200
+# (60 MiB of L2), tp = 1, H = 4096 / 5120 / 7168, plain, quant and finalize, hints against none: 768
+# rows 1.6-12.8% faster, 1024 2.2-4.8%, 1536 up to 6.2% (7168 quant 2.2% slower); 512 rows 2-12%
+# faster where the call moves more than 60 MiB (H = 7168, the finalize at 4096 and 5120) and 7-9% at
+# 5120 plain and quant (52-55 MB, left out), 9-21% slower at 4096 plain and quant (42-44 MB: without
+# hints the next call on the same inputs finds them in L2); 2048 up to 3.3% slower, 4096 3-5%.
+STREAMED_ROWS = (256, 1536)
 
 
 @dataclass(frozen=True)

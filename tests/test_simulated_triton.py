@@ -212,21 +212,26 @@ def test_latency_form_bound_and_residency():
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
 
 
-def test_calls_in_the_streamed_window_take_the_hinted_twins():
-    """Local calls of lo < M <= hi rows run the streaming consumers' ``_streamed`` twins (x and
-    finalize), every other call and form its plain kernel; the bits are the reference's either way."""
-    group = SimulatedGroup(1, hidden_size=1408, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
+def test_local_calls_take_the_hinted_twins_in_their_window():
+    """Local calls of lo < M <= hi rows that move at least the L2's bytes run the streaming
+    consumers' ``_streamed`` twins (x and finalize); smaller calls, calls outside the window and the
+    cooperative form run the plain kernels. The bits are the reference's either way."""
+    hidden = 1408
+    group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                            quantize_layer_input=True, split_rows=1)
     kernels = group.paths[0].kernels["triton"]
-    assert kernels.streamed_rows == STREAMED_ROWS
-    kernels.streamed_rows = (2, 4)
+    assert kernels.streamed_rows == STREAMED_ROWS and kernels.l2_bytes is None  # no GPU, no L2: never
+    kernels.streamed_rows = (1, 4)
+    row = 2 * hidden
+    kernels.l2_bytes = 3 * (row + 2 * HC * row + row)  # what three plain rows move
     launched = []
     launch = kernels._launch
     kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
-    for m, variant in ((1, "plain"), (2, "quant"), (3, "plain"), (4, "finalize"), (5, "quant")):
-        check_simulated(group, random_inputs(1, m, 1408, HC, seed=m, top_k=TOP_K), variant, EPS)
+    for m, variant in ((1, "plain"), (2, "quant"), (3, "plain"), (2, "finalize"), (4, "finalize"), (5, "quant")):
+        check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_plain_split", "local_plain_split",  # the cooperative form: mix, then normalize
-                        "local_quant", "local_plain_streamed", "local_finalize_plain_streamed", "local_quant"]
+                        "local_quant", "local_plain_streamed", "local_finalize_plain", "local_finalize_plain_streamed",
+                        "local_quant"]
 
 
 def test_cooperative_wait_for_the_tokens_own_roots_is_bounded():
