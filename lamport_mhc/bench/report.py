@@ -187,7 +187,9 @@ def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings
             else f"peer copy {ceilings.peer_gbps:.0f} GB/s")
     lines = [f"# {gpu}, tp={tp}", "",
              f"CUDA graphs of {args.calls} calls, median of {args.replays} replays, max over ranks. Ceilings "
-             f"{source}: {peer}, device copy {ceilings.hbm_gbps:.0f} GB/s.", "",
+             f"{source}: {peer}, device copy {ceilings.hbm_gbps:.0f} GB/s. Every call of a graph takes the "
+             "same inputs: a call whose bytes fit in L2 finds part of them there (such rows can come out below "
+             "their byte floor).", "",
              "Speedup columns: `speedup` is over `unfused-nccl` (NCCL, then the tail in compiled torch ops); "
              "`vs best` is over the fastest alternative that does the whole op: `unfused-best` (the fastest "
              "all-reduce of the run, then the strong Triton tail), the other unfused paths and, at hc = 1, "
