@@ -11,6 +11,7 @@ import torch
 
 from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support, cuda_device_support, symmetric_memory_support
 from lamport_mhc.call import Call
+from lamport_mhc.traffic import fused_bytes
 from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
@@ -58,12 +59,13 @@ class TritonKernels:
         # The cooperative form's root slots: per token and chunk, epoch << 32 | the chunk root's bits.
         self.root_stride = root_slot_stride(self.chunks)  # slots per token: [capacity, root_stride]
         self.root_slots = torch.zeros(spec.capacity * self.root_stride, dtype=torch.int64, device=device)
+        properties = None if interpret else torch.cuda.get_device_properties(device)
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
-        self.resident = None if interpret else torch.cuda.get_device_properties(device).multi_processor_count
+        self.resident = None if interpret else properties.multi_processor_count
         self.split_rows = self._split_rows()
         # Local calls in STREAMED_ROWS that move at least the L2's bytes take the hinted twins.
         self.streamed_rows = STREAMED_ROWS
-        self.l2_bytes = None if interpret else torch.cuda.get_device_properties(device).L2_cache_size
+        self.l2_bytes = None if interpret else properties.L2_cache_size
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
         self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
@@ -173,17 +175,14 @@ class TritonKernels:
                               *publish, self._ll_peers, self._ll_multicast, streamed=self._streamed(call))
 
     def _streamed(self, call: Call) -> bool:
-        """Whether a local call takes the hinted twin: ``streamed_rows`` rows that move at least the
-        L2's bytes (x or every route's GEMM2 row and the shared expert, the streams in and out, the
-        layer input and its MXFP8 copy)."""
+        """Whether a local call takes the hinted twin: ``streamed_rows`` rows whose HBM bytes (every
+        route held, for the finalize) are at least the L2's."""
         lo, hi = self.streamed_rows
         if self.l2_bytes is None or not lo < call.m <= hi:
             return False
-        spec, row = self.spec, 2 * self.spec.hidden
-        per_token = row * (spec.top_k + 1 if call.kind == "finalize" else 1) + 2 * spec.hc * row + row
-        if call.consumer.mxfp8_values is not None:
-            per_token += spec.hidden + spec.hidden // 32
-        return call.m * per_token >= self.l2_bytes
+        spec = self.spec
+        _, nbytes = fused_bytes("local", call.variant, 1, call.m, spec.hidden, spec.hc, spec.top_k)
+        return nbytes >= self.l2_bytes
 
     def _with_contribution(self, prefix: str, call: Call) -> tuple[str, tuple]:
         """The kernel name's stem and the contribution's arguments (x, or the finalize inputs)."""

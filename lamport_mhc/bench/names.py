@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..backend import FUSED_BACKENDS
+from ..traffic import HC
 
-HC = 4
 VARIANTS = ("plain", "finalize", "quant")
 # The fused paths: auto, and each backend with its protocol forced (tp > 1) or local (tp = 1).
 FORCED_PROTOCOLS = ("ll", "bt")

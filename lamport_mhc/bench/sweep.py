@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from ..testing import random_inputs
+from ..traffic import PROTOCOLS as FLOOR_PROTOCOLS
 from .allreduce_peers import NcclAllReduce, OneShotAllReduce, SymmetricStage, TwoShotAllReduce
 from .collective import Collective, agree, attempt
 from .flashinfer_peers import FlashInferPeers
-from .floors import PROTOCOLS as FLOOR_PROTOCOLS
 from .floors import Ceilings, floor_us, tail_bytes
 from .lamport_floor import FLOOR_MAX_ROWS, LamportFloor
 from .names import ALLREDUCE_ALONE, FLASHINFER_FUSED, LAMPORT_FLOOR, STRONG_TAIL
