@@ -50,7 +50,7 @@ from . import lamport, ptx
 
 from .publish import contribution_chunk
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
-                       pairwise_sum, row_of, scale_offset, ue8m0_scale)
+                       pairwise_columns, pairwise_sum, row_of, scale_offset, subtree_roots, ue8m0_scale)
 
 PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -86,7 +86,8 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
                CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, STREAMED: tl.constexpr,
                ON_GPU: tl.constexpr):
     """The first pass over one chunk: post-mix and store the streams; then (with the norm) collapse
-    and return the prenormalized chunk's bf16 bits and the root of its squares' tree, having parked
+    and return the prenormalized chunk's bf16 bits and the roots of its squares' tree's subtrees
+    of a warp each (``subtree_roots``: the chunk's tree goes on across warps later), having parked
     the chunk in ``layer_out`` if ``PARK`` (the second pass reads it back there).
     The streams come as one [BLOCK_HC, CHUNK] tile, each thread holding all its rows, and the mix
     runs on the tile: as HC separate vectors with scalar weights, ptxas issued two of the streams'
@@ -104,7 +105,8 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
     STORE_CACHE: tl.constexpr = ".cs" if STREAMED else ""
     tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :],
              cache_modifier=STORE_CACHE)
-    root = tl.zeros([], tl.float32)
+    WARPS: tl.constexpr = CHUNK // 256  # plan.row_warps
+    roots = tl.zeros([WARPS], tl.float32)
     prenorm_bits = tl.zeros([CHUNK], tl.int16)
     if VARIANT != RESIDUAL_ONLY:
         # Collapse with the pre-mix, in target order.
@@ -118,8 +120,8 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
         if PARK:
             tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
         prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
-        root = pairwise_sum(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK)
-    return root, prenorm_bits
+        roots = subtree_roots(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK, WARPS)
+    return roots, prenorm_bits
 
 
 @triton.jit
@@ -262,6 +264,7 @@ def consumer_kernel(
     in_streams = streams < HC
     tile_rows = (token * HC + streams[:, None]) * HIDDEN
     root_index = tl.arange(0, ROOTS)
+    PARTS: tl.constexpr = CHUNK // 256  # a chunk's squares are summed in a part per warp (plan.row_warps)
     token_slots = root_slots_ptr + token * ROOT_STRIDE
 
     if PHASES == NORMALIZE_PHASE:
@@ -315,32 +318,39 @@ def consumer_kernel(
         if COOPERATIVE:
             # Its one chunk, kept in registers, except when the simulated group runs the normalize
             # as a second launch.
-            root, prenorm = _take_chunk(
+            parts, prenorm = _take_chunk(
                 residual0, part, token, tile_rows, in_streams, post, comb_bits,
                 pre_bits, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
                 x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
                 TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, STREAMED,
                 ON_GPU)
+            root = pairwise_sum(parts, PARTS)
         else:
             roots = tl.zeros([ROOTS], tl.float32)
             if HOLD:
                 held = ()
                 for chunk in tl.static_range(CHUNKS):  # the prenormalized row stays in registers
-                    root, prenorm = _take_chunk(
+                    parts, prenorm = _take_chunk(
                         None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, STREAMED, ON_GPU)
                     held = held + (prenorm,)
-                    roots = tl.where(root_index == chunk, root, roots)
+                    # (Joined across warps now: deferred, ptxas hoists the next chunk's loads and
+                    # the held row spills.)
+                    roots = tl.where(root_index == chunk, pairwise_sum(parts, PARTS), roots)
             else:
+                # Each chunk's subtrees of a warp, joined across warps once the row is done: the
+                # chunks' loop has no barrier, so the program's warps need not wait for each other.
+                part_roots = tl.zeros([PARTS, ROOTS], tl.float32)
                 for chunk in range(CHUNKS):  # parked for the second pass
-                    root, _ = _take_chunk(
+                    parts, _ = _take_chunk(
                         None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, STREAMED, ON_GPU)
-                    roots = tl.where(root_index == chunk, root, roots)
+                    part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
+                roots = pairwise_columns(part_roots, PARTS, ROOTS)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
             if program == 0:
                 lamport.advance_generation(state_ptr, generation)

@@ -57,6 +57,25 @@ def pairwise_sum(x, N: tl.constexpr):
 
 
 @triton.jit
+def subtree_roots(x, N: tl.constexpr, PARTS: tl.constexpr):
+    """The roots of the ``PARTS`` aligned subtrees of ``pairwise_sum``'s tree over the
+    power-of-two-long ``x`` (``pairwise_columns`` of them gives its root). With a part per warp
+    every level stays inside a warp: no barrier."""
+    x = tl.reshape(x, (PARTS, N // PARTS))
+    for level in tl.static_range((N // PARTS).bit_length() - 1):
+        x = tl.sum(tl.reshape(x, (PARTS, N // PARTS >> (level + 1), 2)), axis=2)
+    return tl.sum(x, axis=1)
+
+
+@triton.jit
+def pairwise_columns(x, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+    """``pairwise_sum`` down each column of the [ROWS, COLUMNS] block ``x`` (ROWS a power of two)."""
+    for level in tl.static_range(ROWS.bit_length() - 1):
+        x = tl.sum(tl.reshape(x, (ROWS >> (level + 1), 2, COLUMNS)), axis=1)
+    return tl.sum(x, axis=0)
+
+
+@triton.jit
 def row_of(bits2d, rows, r):
     """Row ``r`` of an integer 2-D block, extracted exactly (an integer sum of one value and zeros)."""
     return tl.sum(tl.where(rows[:, None] == r, bits2d, 0), axis=0)

@@ -75,7 +75,7 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
         routes={"plain": ((8192, "triton"),),
-                "finalize": ((128, "triton"), (8192, "cute"),),
+                "finalize": ((2048, "triton"), (8192, "cute"),),
                 "quant": ((8192, "triton"),)}),
     ("hopper", 2, 4096): Preset(
         bt_min_rows=4, bt_min_finalize_rows=32, backends=("cute", "triton"), source=H200_TP2,

@@ -20,6 +20,10 @@ from kernels_cute.plan import kernel_plan
 from kernels_cute.streaming import StreamingConsumerKernel, min_ctas_per_sm, streaming_shape
 from lamport_mhc.backend import BuildSpec, load_backend
 
+# The module's builds are shared fixtures: its tests run on one xdist worker (``--dist loadgroup``),
+# which builds them once.
+pytestmark = pytest.mark.xdist_group("ptx_cute")
+
 TP, HC, TOP_K, RANK = 2, 4, 6, 1
 LANES = 8  # bf16 per 16-byte fragment, one fragment per thread
 VARIANTS = ("plain", "quant", "residual")

@@ -9,6 +9,10 @@ from lamport_mhc.backend import BuildSpec
 from kernels_triton import plan
 from kernels_triton.offline import compile_ptx
 
+# The module's builds are shared fixtures: its tests run on one xdist worker (``--dist loadgroup``),
+# which builds them once.
+pytestmark = pytest.mark.xdist_group("ptx_triton")
+
 TP, H = 2, 1024
 VARIANTS = ("plain", "quant", "residual")
 ONE_KERNEL = tuple(f"one_kernel{f}_ll_{v}" for f in ("", "_finalize") for v in VARIANTS)
