@@ -130,13 +130,13 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     """FlashInfer's MXFP8 rules on one chunk of the bf16 layer input (see lamport_mhc.mxfp8)."""
     COLS: tl.constexpr = HIDDEN // 32
     PADDED_COLS: tl.constexpr = (COLS + 3) // 4 * 4
-    magnitude = layer.to(tl.int32) & 0x7FFF
     # Ordered as integers, bf16 magnitudes compare like the values; a NaN lane only counts when the
-    # whole block is NaN (max.bf16x2 / max.f32 return the number).
-    keyed = tl.where(magnitude > 0x7F80, -1, magnitude)
-    block_max = tl.max(tl.reshape(keyed, (CHUNK // 32, 32)), axis=1)
+    # whole block is NaN (max.bf16x2 / max.f32 return the number). Keyed as magnitude + 0x7F in 16
+    # bits, exactly the NaN magnitudes (above 0x7F80) wrap negative.
+    keyed = ((layer.to(tl.int32) & 0x7FFF) + 0x7F).to(tl.int16)
+    block_max = tl.max(tl.reshape(keyed, (CHUNK // 32, 32)), axis=1).to(tl.int32)
     nan = tl.full([CHUNK // 32], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
-    amax = tl.where(block_max < 0, nan, (block_max << 16).to(tl.float32, bitcast=True))
+    amax = tl.where(block_max < 0, nan, ((block_max - 0x7F) << 16).to(tl.float32, bitcast=True))
     scale = ue8m0_scale(amax)
     scaled = tl.reshape(bf16_to_f32(layer, ON_GPU), (CHUNK // 32, 32)) * inverse_scale(scale)[:, None]
     codes = tl.reshape(f32_to_e4m3(scaled, ON_GPU), (CHUNK,))

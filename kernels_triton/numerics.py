@@ -105,11 +105,12 @@ def inverse_scale(u):
 def f32_to_e4m3(v, ON_GPU: tl.constexpr):
     """fp32 -> float8_e4m3fn bits (uint8), round to nearest even, after FlashInfer's clamp to +-448
     (a NaN becomes +448, as min.f32/max.f32 return the number). On the GPU the conversion is
-    FlashInfer's own instruction; the interpreter rounds in integers (the same bits)."""
+    FlashInfer's own instruction, which saturates below -448 itself: one ``min.f32`` with 448
+    (NaN -> 448) does the rest of the clamp. The interpreter rounds in integers (the same bits)."""
+    if ON_GPU:
+        return ptx.e4m3_rn(tl.minimum(v, 448.0))
     v = tl.where(v != v, 448.0, v)
     v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-    if ON_GPU:
-        return ptx.e4m3_rn(v)
     u = v.to(tl.int32, bitcast=True)
     sign = (u >> 24) & 0x80
     a = u & 0x7FFFFFFF

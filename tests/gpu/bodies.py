@@ -66,13 +66,16 @@ def run_variant(op: AllReduceMHC, inputs: dict, variant: str, rank: int):
     return out[0], out[1], mxfp8
 
 
-def check(ops, tp, rank, m, hidden, variant, seed) -> list[str]:
-    """One call of ``variant`` on each op with the same fresh inputs, against one reference.
+def check(ops, tp, rank, m, hidden, variant, seed, edit=None) -> list[str]:
+    """One call of ``variant`` on each op with the same fresh inputs (changed in place by ``edit``,
+    the same on every rank), against one reference.
 
     The reference runs on the GPU: tests/gpu/test_reference_cuda.py pins its bits to the CPU's, and
     on the CPU a sweep to M = 1024 at H = 7168 would take minutes per rank.
     """
     inputs = random_inputs(tp, m, hidden, HC, seed=seed, top_k=TOP_K, device="cuda")
+    if edit is not None:
+        edit(inputs)
     expected = expected_outputs(inputs, variant, EPS, device="cuda")
     failures = []
     for op in ops:

@@ -35,6 +35,36 @@ def test_bit_exact_sweep(backend, hidden):
     assert not failures, f"{len(failures)} wrong calls:\n" + "\n".join(failures)
 
 
+def _special_values(inputs):
+    """Row 1 with an Inf among its inputs (its layer input: NaN where the prenorm is infinite, zeros
+    elsewhere), row 2 with a NaN (all NaN), and NaN, Inf and -0.0 in single lanes of every input."""
+    nan, inf = float("nan"), float("inf")
+    for x in inputs["xs"] + inputs["shareds"]:
+        x[1, 40] = inf
+        x[2, 7] = nan
+        x[0, :4] = torch.tensor([-0.0, -0.0, -inf, -0.0])
+    inputs["residual"][0, 3, 100:104] = torch.tensor([-0.0, inf, -0.0, 3e38])
+    inputs["post"][2, 1] = nan
+
+
+def _special_values_body(rank, tp, backend, hidden):
+    ops = [build(hidden, 512, backend, bt_min_rows) for bt_min_rows in (513, 1)]
+    return [f for m in (3, 8, 300) for v in VARIANTS
+            for f in check(ops, tp, rank, m, hidden, v, seed=m, edit=_special_values)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hidden", [4096, 7168])
+def test_nan_inf_and_signed_zero_inputs(backend, hidden):
+    """Every kernel form the rows take carries NaN, Inf and -0.0 (and the MXFP8 blocks they make:
+    all NaN, one NaN among zeros) with the reference's bits."""
+    require_gpus(TP)
+    require_backend(backend)
+    failures = [f for rank_failures in run_ranks(_special_values_body, TP, args=(backend, hidden), timeout_s=300)
+                for f in rank_failures]
+    assert not failures, f"{len(failures)} wrong calls:\n" + "\n".join(failures)
+
+
 def _capacity_body(rank, tp, backend):
     op = build(5120, 4096, backend, 1024)
     return [f for v in ("plain", "quant") for f in check([op], tp, rank, 4096, 5120, v, seed=7)]
