@@ -105,8 +105,8 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
     STORE_CACHE: tl.constexpr = ".cs" if STREAMED else ""
     tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :],
              cache_modifier=STORE_CACHE)
-    WARPS: tl.constexpr = CHUNK // 256  # plan.row_warps
-    roots = tl.zeros([WARPS], tl.float32)
+    PARTS: tl.constexpr = CHUNK // 256  # a part per warp (plan.row_warps)
+    roots = tl.zeros([PARTS], tl.float32)
     prenorm_bits = tl.zeros([CHUNK], tl.int16)
     if VARIANT != RESIDUAL_ONLY:
         # Collapse with the pre-mix, in target order.
@@ -120,7 +120,7 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
         if PARK:
             tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
         prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
-        roots = subtree_roots(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK, WARPS)
+        roots = subtree_roots(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK, PARTS)
     return roots, prenorm_bits
 
 
