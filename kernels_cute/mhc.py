@@ -227,12 +227,13 @@ def store_mxfp8(layer, values: cute.Tensor, scales: cute.Tensor, token: Int32, n
     for level in cutlass.range_constexpr(2):
         word = word | Uint32(cute.arch.shuffle_sync_bfly(word, offset=FRAGMENTS_PER_SCALE << level))
     lane = tidx % Int32(FRAGMENTS_PER_SCALE_WORD)
-    if in_row & (lane == Int32(0)):
+    leader = in_row & (lane == Int32(0))
+    if leader:
         primitives.store_b32(scale_address(scales, token, col, padded_cols), Int32(word))
     # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into one
     # contiguous run per token. ``spread_padding`` (few tokens, long runs: 127 rows at M = 1) spreads
     # a run over the 16 threads of the word's group; otherwise the word's first thread stores it.
-    zeroing, first_row, row_step = in_row & (lane == Int32(0)), Int32(0), 1
+    zeroing, first_row, row_step = leader, Int32(0), 1
     if cutlass.const_expr(spread_padding):
         zeroing, first_row, row_step = in_row, lane, FRAGMENTS_PER_SCALE_WORD
     if zeroing:

@@ -7,8 +7,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..mxfp8 import mxfp8_scale_bytes
-from ..traffic import finalize_read_bytes, fused_bytes
-from .names import HC
+from ..traffic import HC, finalize_read_bytes, fused_bytes
 
 
 @dataclass(frozen=True)
