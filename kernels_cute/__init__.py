@@ -14,8 +14,8 @@ bits as ``kernels_triton``, structured like FlashInfer's ``comm/mnnvl_cutedsl``.
 - ``launcher``: compiles a build's kernels once and launches them per call (graph-safe);
 - ``backend``: ``CuteBackend``, the interface ``lamport_mhc`` selects.
 
-The quant consumer writes MXFP8 through FlashInfer's own helpers
-(``flashinfer.quantization.quantization_cute_dsl_utils``), so its bits are FlashInfer's.
+The quant consumer takes the MXFP8 block scale from FlashInfer's own helpers
+(``flashinfer.quantization.quantization_cute_dsl_utils``) and converts with the same bits.
 Importing anything but ``backend`` needs nvidia-cutlass-dsl, cuda-python and flashinfer-python
 (``[cute]`` extra).
 """

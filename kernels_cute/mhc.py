@@ -1,16 +1,17 @@
 """The mHC math of one 16-byte fragment (8 bf16 columns of a token), shared by both consumer forms
 (``consumer``: a token over a cluster of CTAs; ``streaming``: a token per CTA, looping over the row).
 Every fp32 operation is the contract's (``primitives``' explicit ``.rn`` instructions), every bf16
-rounding ``numerics.f32_to_bf16``; see ``lamport_mhc.reference`` for the steps.
+rounding ``primitives.bf16x2_rn`` (two lanes a word); see ``lamport_mhc.reference`` for the steps.
 
 - ``reduced_from_mailbox``: the all-reduced fragment from the Lamport mailbox (LL: every source's
   slot, summed in rank order; BT: the owner's sum), re-arming what it read;
 - ``local_reduced``: the same for a group of one, from the contribution this thread computes
   itself (``x`` or the MoE finalize): ``bf16(0 + c)``, -0.0 -> +0.0;
-- ``mix``: post-mix of the hc streams and (norm variants) the collapse with the pre-mix;
+- ``mix``: post-mix of the hc streams and (norm variants) the collapse with the pre-mix, word by
+  word in program order where ``ordered_after`` ties them;
 - ``fragment_node``, ``ordered_butterfly_sum``, ``tree_sum``: the norm's adjacent-pair tree;
-- ``inverse_rms``, ``layer_words``: RMSNorm; ``store_mxfp8``: the layer input as MXFP8 through
-  FlashInfer's own helpers.
+- ``inverse_rms``, ``layer_words``: RMSNorm; ``store_mxfp8``: the layer input as MXFP8 (the block
+  scale through FlashInfer's helpers, the conversion as Triton's: one ``min.f32`` a value).
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, Uint32
-from flashinfer.cute_dsl.fp4_common import st_global_u64
 from flashinfer.quantization.quantization_cute_dsl_utils import (INV_FLOAT8_E4M3_MAX, bfloat2_hmax_reduce_to_f32,
-                                                                bfloat2_max_abs_4, bfloat2x4_to_fp8x8_packed,
+                                                                bfloat2_max_abs_4,
                                                                 compute_sf_index_swizzled_128x4_gpu,
                                                                 float_to_ue8m0_fast, reduce_max_4threads,
                                                                 ue8m0_to_inv_scale_fast)
@@ -28,8 +28,7 @@ from flashinfer.quantization.quantization_cute_dsl_utils import (INV_FLOAT8_E4M3
 from lamport_mhc import layout
 
 from . import lamport, primitives
-from .numerics import (LANES, WORDS, as_f32, canonical_zero, canonical_zero_word, f32_to_bf16, high_f32, low_f32,
-                       pack)
+from .numerics import LANES, WORDS, canonical_zero_word, high_f32, low_f32
 from .publish import finalize_fragment
 
 WARP = 32
@@ -96,8 +95,7 @@ def reduced_from_mailbox(mailbox: cute.Tensor, gen: Int64, generation: Int32, to
         acc = lamport.sum_sources(slots, timeout_ns, error, generation, token)
         for source in cutlass.range_constexpr(tp):
             primitives.store_sentinel_v4(slots[source])
-        out = [pack(canonical_zero(f32_to_bf16(acc[2 * i])), canonical_zero(f32_to_bf16(acc[2 * i + 1])))
-               for i in range(WORDS)]
+        out = [canonical_zero_word(primitives.bf16x2_rn(acc[2 * i], acc[2 * i + 1])) for i in range(WORDS)]
     return out[0], out[1], out[2], out[3]
 
 
@@ -107,47 +105,65 @@ def local_reduced(x: cute.Tensor, gemm2: cute.Tensor, weights: cute.Tensor, indi
                   finalize: cutlass.Constexpr[bool]):
     """bf16 words of a group of one's reduced fragment: its own contribution (``x``, or the MoE
     finalize with ``x`` the shared expert output), canonicalized, then the contract's sum of one
-    rank, ``bf16(0 + c)`` with ``add.rn`` and -0.0 -> +0.0 (which also turns a NaN into 0x7FC0)."""
+    rank, ``bf16(0 + c)`` with ``add.rn`` (which also turns a NaN into 0x7FC0). For a bf16 ``c``,
+    ``0 + c`` is exact but for -0.0, which it makes +0.0: so ``x`` needs no canonicalization
+    before it, and no sum needs one after it."""
     if cutlass.const_expr(finalize):
         words = finalize_fragment(x, gemm2, weights, indices, token, column, hidden, top_k)
     else:
-        words = [canonical_zero_word(w) for w in primitives.load_v4(
-            lamport.element_address(x, Int64(token) * Int64(hidden) + Int64(column)))]
-    out = []
-    for i in cutlass.range_constexpr(WORDS):
-        low = canonical_zero(f32_to_bf16(primitives.add_rn(Float32(0.0), low_f32(words[i]))))
-        high = canonical_zero(f32_to_bf16(primitives.add_rn(Float32(0.0), high_f32(words[i]))))
-        out.append(pack(low, high))
+        words = primitives.load_v4(lamport.element_address(x, Int64(token) * Int64(hidden) + Int64(column)))
+    out = [primitives.bf16x2_rn(primitives.add_rn(Float32(0.0), low_f32(words[i])),
+                                primitives.add_rn(Float32(0.0), high_f32(words[i]))) for i in range(WORDS)]
     return out[0], out[1], out[2], out[3]
 
 
 # -- post-mix and collapse -------------------------------------------------------------------------
 
 @cute.jit
-def mix(reduced, streams, post_mix, comb_mix, pre_mix, hc: cutlass.Constexpr[int], norm: cutlass.Constexpr[bool]):
+def ordered_after(word: Uint32, earlier: Uint32, zero: Uint32) -> Uint32:
+    """``word``, made to depend on ``earlier`` through ``zero``: a runtime 0 that ptxas cannot prove
+    0 (one LOP3). Once a fragment's inputs are in, ptxas interleaves every independent chain
+    breadth-first (a streaming fragment's 32 mix chains, the next iteration's address arithmetic),
+    and the values that keeps live spilled under the launch bound; the dependency keeps each word's
+    (each iteration's) work after the one before it, as written."""
+    return word | (earlier & zero)
+
+
+@cute.jit
+def mix(reduced, streams, post_mix, comb_mix, pre_mix, hc: cutlass.Constexpr[int], norm: cutlass.Constexpr[bool],
+        zero=None):
     """Per lane: ``m[j] = reduced * post[j]``, then ``m[j] = fma(res[s], comb[s, j], m[j])`` in
     source order, ``out[j] = bf16(m[j])``; with the norm, ``prenorm = bf16(fma(out[j], pre[j], .))``
     over j in target order from +0. Returns (the hc output fragments as words, the prenorm fragment
-    as words or None). Lanes are independent, so each lane's collapse follows its own mix."""
-    out = [[None] * LANES for _ in range(hc)]   # [target][lane] bf16 bits
-    prenorm = [None] * LANES
-    for lane in cutlass.range_constexpr(LANES):
-        value = lane_f32(reduced, lane)
-        acc = Float32(0.0)
+    as words or None). Lanes are independent, so each lane's collapse follows its own mix; the two
+    lanes of a word are rounded together. With ``zero`` (``ordered_after``), each word is mixed
+    after the one before it."""
+    out_words = [[None] * WORDS for _ in range(hc)]   # [target][word]
+    prenorm_words = [None] * WORDS if cutlass.const_expr(norm) else None
+    for i in cutlass.range_constexpr(WORDS):
+        word = reduced[i]
+        if cutlass.const_expr(zero is not None and i > 0):
+            word = ordered_after(word, last_word(out_words, prenorm_words, i - 1), zero)
+        values = (low_f32(word), high_f32(word))
+        acc = [Float32(0.0), Float32(0.0)]
         for j in cutlass.range_constexpr(hc):
-            m = primitives.mul_rn(value, post_mix[j])
+            m = [primitives.mul_rn(value, post_mix[j]) for value in values]
             for s in cutlass.range_constexpr(hc):
-                m = primitives.fma_rn(lane_f32(streams[s], lane), comb_mix[s][j], m)
-            out[j][lane] = f32_to_bf16(m)
+                m = [primitives.fma_rn(lane_f32(streams[s], lane), comb_mix[s][j], m[k])
+                     for k, lane in enumerate((2 * i, 2 * i + 1))]
+            out_words[j][i] = primitives.bf16x2_rn(m[0], m[1])
             if cutlass.const_expr(norm):
-                acc = primitives.fma_rn(as_f32(out[j][lane] << Uint32(16)), pre_mix[j], acc)
+                acc = [primitives.fma_rn(low_f32(out_words[j][i]), pre_mix[j], acc[0]),
+                       primitives.fma_rn(high_f32(out_words[j][i]), pre_mix[j], acc[1])]
         if cutlass.const_expr(norm):
-            prenorm[lane] = f32_to_bf16(acc)
-    out_words = [[pack(out[j][2 * i], out[j][2 * i + 1]) for i in range(WORDS)] for j in range(hc)]
-    prenorm_words = None
-    if cutlass.const_expr(norm):
-        prenorm_words = [pack(prenorm[2 * i], prenorm[2 * i + 1]) for i in range(WORDS)]
+            prenorm_words[i] = primitives.bf16x2_rn(acc[0], acc[1])
     return out_words, prenorm_words
+
+
+def last_word(out_words, prenorm_words, i: int):
+    """The last value ``mix`` computes for word ``i``: its prenorm word, or without the norm the
+    last target's."""
+    return out_words[-1][i] if prenorm_words is None else prenorm_words[i]
 
 
 # -- the norm's sum of squares ---------------------------------------------------------------------
@@ -191,10 +207,9 @@ def inverse_rms(sum_squares: Float32, hidden: cutlass.Constexpr[int], eps: Float
 @cute.jit
 def layer_words(prenorm_words, inv_rms: Float32, gamma_words):
     """``bf16((prenorm * inv_rms) * gamma)`` of a fragment, as words."""
-    layer = [f32_to_bf16(primitives.mul_rn(primitives.mul_rn(lane_f32(prenorm_words, lane), inv_rms),
-                                           lane_f32(gamma_words, lane)))
+    layer = [primitives.mul_rn(primitives.mul_rn(lane_f32(prenorm_words, lane), inv_rms), lane_f32(gamma_words, lane))
              for lane in range(LANES)]
-    return [pack(layer[2 * i], layer[2 * i + 1]) for i in range(WORDS)]
+    return [primitives.bf16x2_rn(layer[2 * i], layer[2 * i + 1]) for i in range(WORDS)]
 
 
 # -- MXFP8 -----------------------------------------------------------------------------------------
@@ -209,16 +224,20 @@ def scale_address(scales: cute.Tensor, row: Int32, col: Int32, padded_cols: cutl
 def store_mxfp8(layer, values: cute.Tensor, scales: cute.Tensor, token: Int32, num_tokens: Int32, fragment: Int32,
                 column: Int32, in_row: Boolean, tidx: Int32, hidden: cutlass.Constexpr[int],
                 spread_padding: cutlass.Constexpr[bool] = False):
-    """The layer input as MXFP8 through FlashInfer's own helpers, as its MXFP8 kernel calls them:
-    4 consecutive threads (consecutive fragments of the row) hold one 32-element block
-    (``lamport_mhc.mxfp8`` states the same rules). Every thread of the warp takes part in the
+    """The layer input as MXFP8 (``lamport_mhc.mxfp8`` states the rules): 4 consecutive threads
+    (consecutive fragments of the row) hold one 32-element block. The block max and its UE8M0 scale
+    are FlashInfer's helpers, as its MXFP8 kernel calls them; each value times the inverse scale is
+    ``primitives.e4m3x2_rn``'s, whose single clamp gives the bits of FlashInfer's two. Every thread of the warp takes part in the
     shuffles; only those in the row store."""
     padded_cols = padded_scale_cols(hidden)
     block_max = reduce_max_4threads(bfloat2_hmax_reduce_to_f32(bfloat2_max_abs_4(*layer)))
     u = float_to_ue8m0_fast(primitives.mul_rn(block_max, Float32(INV_FLOAT8_E4M3_MAX)))
-    packed = bfloat2x4_to_fp8x8_packed(*layer, ue8m0_to_inv_scale_fast(u))
+    inv_scale = ue8m0_to_inv_scale_fast(u)
+    scaled = [primitives.mul_rn(lane_f32(layer, lane), inv_scale) for lane in range(LANES)]
+    codes = [primitives.e4m3x2_rn(scaled[2 * i], scaled[2 * i + 1]) for i in range(WORDS)]
     if in_row:
-        st_global_u64(lamport.element_address(values, Int64(token) * Int64(hidden) + Int64(column)), packed)
+        primitives.store_v2(lamport.element_address(values, Int64(token) * Int64(hidden) + Int64(column)),
+                            codes[0] | (codes[1] << Uint32(16)), codes[2] | (codes[3] << Uint32(16)))
 
     # Scale columns 4k..4k+3 are 4 consecutive bytes of the swizzled layout: the 16 threads of
     # those blocks gather them into one word, stored by the first.
@@ -236,8 +255,9 @@ def store_mxfp8(layer, values: cute.Tensor, scales: cute.Tensor, token: Int32, n
     zeroing, first_row, row_step = leader, Int32(0), 1
     if cutlass.const_expr(spread_padding):
         zeroing, first_row, row_step = in_row, lane, FRAGMENTS_PER_SCALE_WORD
-    if zeroing:
-        padding = (num_tokens + Int32(127)) // Int32(128) * Int32(128) - num_tokens
+    # No padding rows (M a multiple of 128, as at every large M): no division.
+    padding = (num_tokens + Int32(127)) // Int32(128) * Int32(128) - num_tokens
+    if zeroing & (padding > Int32(0)):
         run = (padding + num_tokens - Int32(1)) // num_tokens
         first = num_tokens + token * run
         word_col = col - col % Int32(4)

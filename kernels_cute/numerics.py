@@ -1,10 +1,10 @@
 """The bit contract's bf16 handling on integer bits, as in ``kernels_triton.numerics``.
 
 A 16-byte fragment is four 32-bit words, bf16 ``2i`` in the low half of word ``i``. bf16 -> fp32 is
-exact (a shift); fp32 -> bf16 rounds to nearest even with integer arithmetic (every NaN becomes
-0x7FC0, which ``cvt.rn.bf16.f32`` would not give); -0.0 (0x8000, the Lamport sentinel) becomes +0.0
-before a value is published. Integer operations are exact whatever the compiler does with them;
-fp32 arithmetic lives in ``primitives`` as explicit ``.rn`` instructions.
+exact (a shift, or a mask); fp32 -> bf16 is ``primitives.bf16x2_rn``, two lanes a word (every NaN
+becomes 0x7FC0); -0.0 (0x8000, the Lamport sentinel) becomes +0.0 before a value is published.
+Integer operations are exact whatever the compiler does with them; fp32 arithmetic lives in
+``primitives`` as explicit ``.rn`` instructions.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from lamport_mhc import layout
 
 SENTINEL_BITS = layout.SENTINEL_INT16 & 0xFFFF  # 0x8000, bf16 -0.0
-BF16_NAN = 0x7FC0
 LANES = 8   # bf16 per 16-byte fragment
 WORDS = 4   # 32-bit words per fragment
 
@@ -27,12 +26,6 @@ WORDS = 4   # 32-bit words per fragment
 def as_f32(bits: Uint32, *, loc=None, ip=None) -> Float32:
     """The fp32 whose bit pattern is ``bits``."""
     return Float32(llvm.bitcast(T.f32(), Uint32(bits).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-@dsl_user_op
-def as_bits(value: Float32, *, loc=None, ip=None) -> Uint32:
-    """The bit pattern of the fp32 ``value``."""
-    return Uint32(llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 @cute.jit
@@ -50,15 +43,6 @@ def low_f32(word: Uint32) -> Float32:
 def high_f32(word: Uint32) -> Float32:
     """Exact fp32 of the bf16 in the high half of ``word``."""
     return as_f32(word & Uint32(0xFFFF0000))
-
-
-@cute.jit
-def f32_to_bf16(value: Float32) -> Uint32:
-    """bf16 bits (in the low 16 bits) of ``value`` rounded to nearest even; every NaN -> 0x7FC0."""
-    u = as_bits(value)
-    rounded = (u + Uint32(0x7FFF) + ((u >> Uint32(16)) & Uint32(1))) >> Uint32(16)
-    is_nan = (u & Uint32(0x7FFFFFFF)) > Uint32(0x7F800000)
-    return select(is_nan, Uint32(BF16_NAN), rounded & Uint32(0xFFFF))
 
 
 @cute.jit

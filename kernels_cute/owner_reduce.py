@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from . import lamport, primitives
-from .numerics import LANES, WORDS, canonical_zero, f32_to_bf16, pack
+from .numerics import LANES, WORDS, canonical_zero_word
 from .publish import launch_shape
 
 
@@ -64,7 +64,7 @@ class OwnerReduceKernel:
                     + Int64(column) for source in range(self.tp)]
             acc = lamport.sum_sources([lamport.element_address(mailbox, slot[source]) for source in range(self.tp)],
                                       timeout_ns, error, generation, token)
-            reduced = [pack(canonical_zero(f32_to_bf16(acc[2 * i])), canonical_zero(f32_to_bf16(acc[2 * i + 1])))
+            reduced = [canonical_zero_word(primitives.bf16x2_rn(acc[2 * i], acc[2 * i + 1]))
                        for i in range(WORDS)]
             offset = (gen * Int64(capacity) + Int64(token)) * Int64(self.hidden) + Int64(column)
             lamport.broadcast(reduced, offset, sums_table, sums_multicast_address, self.tp, self.multicast)

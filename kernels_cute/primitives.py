@@ -91,6 +91,13 @@ def store_v4(address: Int64, words, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def store_v2(address: Int64, low: Uint32, high: Uint32, *, loc=None, ip=None) -> None:
+    """One 8-byte ``st.global.v2.b32``: a fragment's eight MXFP8 codes."""
+    _asm(None, [Int64(address).ir_value(loc=loc, ip=ip), *_words((low, high), loc, ip)],
+         "st.global.v2.b32 [$0], {$1, $2};", "l,r,r,~{memory}", True, loc, ip)
+
+
+@dsl_user_op
 def store_sentinel_v4(address: Int64, *, loc=None, ip=None) -> None:
     """Re-arm one consumed 16-byte fragment with the sentinel (8 x bf16 -0.0): the data is its own
     ready flag, so a slot is empty again once its reader has written this."""
@@ -182,6 +189,29 @@ def div_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
 def sqrt_rn(a: Float32, *, loc=None, ip=None) -> Float32:
     """``sqrt.rn.f32``: IEEE square root (never ``sqrt.approx`` or ``rsqrt.approx``)."""
     return _f32_op("sqrt.rn.f32 $0, $1;", (a,), loc, ip)
+
+
+@dsl_user_op
+def bf16x2_rn(low: Float32, high: Float32, *, loc=None, ip=None) -> Uint32:
+    """One word of the bf16 roundings to nearest even of ``low`` (low half) and ``high``, every NaN
+    as 0x7FC0: ``cvt.rn.bf16x2.f32`` (its NaN is 0x7FFF, the one result above 0x7FC0 as a signed
+    half), then ``min.s16x2`` against 0x7FC0 in both halves. The bits of ``numerics``' integer
+    rounding in two instructions for two values."""
+    operands = [Float32(high).ir_value(loc=loc, ip=ip), Float32(low).ir_value(loc=loc, ip=ip)]
+    return Uint32(_asm(T.i32(), operands, "{\n\t.reg .b32 nan;\n\tcvt.rn.bf16x2.f32 $0, $1, $2;\n\t"
+                       "mov.b32 nan, 0x7FC07FC0;\n\tmin.s16x2 $0, $0, nan;\n\t}", "=r,f,f", False, loc, ip))
+
+
+@dsl_user_op
+def e4m3x2_rn(low: Float32, high: Float32, *, loc=None, ip=None) -> Uint32:
+    """The e4m3 codes of ``low`` (bits 0-7) and ``high`` (bits 8-15), the MXFP8 rule's clamp to
+    +-448 in one ``min.f32`` a value (a NaN becomes 448) ahead of ``cvt.rn.satfinite.e4m3x2.f32``,
+    which saturates below -448 itself."""
+    operands = [Float32(low).ir_value(loc=loc, ip=ip), Float32(high).ir_value(loc=loc, ip=ip)]
+    return Uint32(_asm(T.i32(), operands, "{\n\t.reg .f32 lo, hi;\n\t.reg .b16 pair;\n\t"
+                       "min.f32 lo, $1, 0f43E00000;\n\tmin.f32 hi, $2, 0f43E00000;\n\t"
+                       "cvt.rn.satfinite.e4m3x2.f32 pair, hi, lo;\n\tcvt.u32.u16 $0, pair;\n\t}",
+                       "=r,f,f", False, loc, ip))
 
 
 # -- PDL and clocks ------------------------------------------------------------------------------

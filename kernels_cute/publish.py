@@ -22,7 +22,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from . import lamport, primitives
-from .numerics import LANES, WORDS, canonical_zero, canonical_zero_word, f32_to_bf16, high_f32, low_f32, pack
+from .numerics import LANES, WORDS, canonical_zero_word, high_f32, low_f32
 
 
 def launch_shape(hidden: int, max_threads: int = 128) -> tuple[int, int]:
@@ -61,9 +61,9 @@ def finalize_fragment(shared: cute.Tensor, gemm2: cute.Tensor, weights: cute.Ten
             acc[lane] = Float32(cutlass.select_(routed, fused, acc[lane]))
     out = []
     for i in cutlass.range_constexpr(WORDS):
-        low = canonical_zero(f32_to_bf16(primitives.add_rn(acc[2 * i], low_f32(shared_words[i]))))
-        high = canonical_zero(f32_to_bf16(primitives.add_rn(acc[2 * i + 1], high_f32(shared_words[i]))))
-        out.append(pack(low, high))
+        out.append(canonical_zero_word(primitives.bf16x2_rn(primitives.add_rn(acc[2 * i], low_f32(shared_words[i])),
+                                                            primitives.add_rn(acc[2 * i + 1],
+                                                                              high_f32(shared_words[i])))))
     return out
 
 

@@ -32,9 +32,9 @@ from cutlass import Boolean, Float32, Int32, Int64, Uint32
 
 from . import lamport, primitives
 from .consumer import check_consumer
-from .mhc import (WARP, WARP_ELEMENTS, fragment_node, inverse_rms, layer_words, local_reduced, mix,
-                  ordered_butterfly_sum, pow2_at_least, reduced_from_mailbox, store_mxfp8, tree_sum)
-from .numerics import LANES
+from .mhc import (WARP, WARP_ELEMENTS, fragment_node, inverse_rms, last_word, layer_words, local_reduced, mix,
+                  ordered_after, ordered_butterfly_sum, pow2_at_least, reduced_from_mailbox, store_mxfp8, tree_sum)
+from .numerics import LANES, WORDS
 
 # Threads of a streaming CTA at most: up to H = 8192 a row takes at most 2 iterations (2 serialized
 # load rounds per token). A starting point for measurement on the GPU (ncu: achieved occupancy, DRAM
@@ -161,9 +161,14 @@ class StreamingConsumerKernel:
         generation = Int32(0)
         gen = Int64(0)
         prenorms = []  # per iteration: the prenorm fragment (4 words), kept for the second pass
+        zero = Uint32(num_tokens) >> Uint32(31)  # 0 (num_tokens > 0), for ordered_after
+        previous = Uint32(0)  # the last word the previous iteration mixed
         for k in cutlass.range_constexpr(self.iterations):
             full = self.active(k) == self.threads
-            fragment = Int32(k * self.threads) + tidx
+            thread = tidx
+            if cutlass.const_expr(k > 0):
+                thread = Int32(ordered_after(Uint32(tidx), previous, zero))
+            fragment = Int32(k * self.threads) + thread
             column = fragment * Int32(LANES)
             in_row = Boolean(True) if full else tidx < Int32(self.active(k))
             predicate = None if full else Int32(in_row)
@@ -198,7 +203,8 @@ class StreamingConsumerKernel:
                     primitives.store_b32(lamport.element_address(state, Int64(lamport.STATE_NEXT)),
                                          lamport.next_generation(generation))
 
-            out_words, prenorm = mix([r0, r1, r2, r3], streams, post_mix, comb_mix, pre_mix, hc, self.norm)
+            out_words, prenorm = mix([r0, r1, r2, r3], streams, post_mix, comb_mix, pre_mix, hc, self.norm, zero)
+            previous = last_word(out_words, prenorm, WORDS - 1)
             if in_row:
                 for j in cutlass.range_constexpr(hc):
                     primitives.store_v4(lamport.element_address(
