@@ -104,8 +104,8 @@ def local_reduced(x: cute.Tensor, gemm2: cute.Tensor, weights: cute.Tensor, indi
                   column: Int32, hidden: cutlass.Constexpr[int], top_k: cutlass.Constexpr[int],
                   finalize: cutlass.Constexpr[bool]):
     """bf16 words of a group of one's reduced fragment: its own contribution (``x``, or the MoE
-    finalize with ``x`` the shared expert output), canonicalized, then the contract's sum of one
-    rank, ``bf16(0 + c)`` with ``add.rn`` (which also turns a NaN into 0x7FC0). For a bf16 ``c``,
+    finalize with ``x`` the shared expert output), then the contract's sum of one rank,
+    ``bf16(0 + c)`` with ``add.rn`` (which also turns a NaN into 0x7FC0). For a bf16 ``c``,
     ``0 + c`` is exact but for -0.0, which it makes +0.0: so ``x`` needs no canonicalization
     before it, and no sum needs one after it."""
     if cutlass.const_expr(finalize):
@@ -227,8 +227,8 @@ def store_mxfp8(layer, values: cute.Tensor, scales: cute.Tensor, token: Int32, n
     """The layer input as MXFP8 (``lamport_mhc.mxfp8`` states the rules): 4 consecutive threads
     (consecutive fragments of the row) hold one 32-element block. The block max and its UE8M0 scale
     are FlashInfer's helpers, as its MXFP8 kernel calls them; each value times the inverse scale is
-    ``primitives.e4m3x2_rn``'s, whose single clamp gives the bits of FlashInfer's two. Every thread of the warp takes part in the
-    shuffles; only those in the row store."""
+    ``primitives.e4m3x2_rn``'s, whose single clamp gives the bits of FlashInfer's two. Every thread
+    of the warp takes part in the shuffles; only those in the row store."""
     padded_cols = padded_scale_cols(hidden)
     block_max = reduce_max_4threads(bfloat2_hmax_reduce_to_f32(bfloat2_max_abs_4(*layer)))
     u = float_to_ue8m0_fast(primitives.mul_rn(block_max, Float32(INV_FLOAT8_E4M3_MAX)))

@@ -195,8 +195,8 @@ def sqrt_rn(a: Float32, *, loc=None, ip=None) -> Float32:
 def bf16x2_rn(low: Float32, high: Float32, *, loc=None, ip=None) -> Uint32:
     """One word of the bf16 roundings to nearest even of ``low`` (low half) and ``high``, every NaN
     as 0x7FC0: ``cvt.rn.bf16x2.f32`` (its NaN is 0x7FFF, the one result above 0x7FC0 as a signed
-    half), then ``min.s16x2`` against 0x7FC0 in both halves. The bits of ``numerics``' integer
-    rounding in two instructions for two values."""
+    half), then ``min.s16x2`` against 0x7FC0 in both halves: the contract's rounding of two values
+    in two instructions."""
     operands = [Float32(high).ir_value(loc=loc, ip=ip), Float32(low).ir_value(loc=loc, ip=ip)]
     return Uint32(_asm(T.i32(), operands, "{\n\t.reg .b32 nan;\n\tcvt.rn.bf16x2.f32 $0, $1, $2;\n\t"
                        "mov.b32 nan, 0x7FC07FC0;\n\tmin.s16x2 $0, $0, nan;\n\t}", "=r,f,f", False, loc, ip))
