@@ -27,6 +27,14 @@ _ENV_NAMES = (*MULTICAST_OFF_ENV, "LAMPORT_MHC_HARNESS_PROBE")
 
 # Bodies: module-level, so the spawned ranks can unpickle them.
 
+def _record_pid(pid_dir, rank):
+    """This rank's pid under ``pid_dir``, written whole or not at all: a rank killed while writing
+    leaves no empty file behind."""
+    partial = Path(pid_dir, f"rank{rank}.partial")
+    partial.write_text(str(os.getpid()))
+    partial.rename(Path(pid_dir, f"rank{rank}.pid"))
+
+
 def _all_reduce_body(rank, world_size, scale):
     t = torch.tensor([rank + 1.0, 10.0 * (rank + 1)]) * scale
     dist.all_reduce(t)
@@ -35,7 +43,7 @@ def _all_reduce_body(rank, world_size, scale):
 
 
 def _hang_body(rank, world_size, pid_dir):
-    Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
+    _record_pid(pid_dir, rank)
     if rank == 1:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL ends it
         while True:
@@ -44,7 +52,7 @@ def _hang_body(rank, world_size, pid_dir):
 
 
 def _raise_body(rank, world_size, pid_dir):
-    Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
+    _record_pid(pid_dir, rank)
     if rank == 0:
         raise ValueError("boom from rank 0")
     dist.barrier()  # waits for rank 0 forever: must be killed
