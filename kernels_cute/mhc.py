@@ -28,7 +28,7 @@ from flashinfer.quantization.quantization_cute_dsl_utils import (INV_FLOAT8_E4M3
 from lamport_mhc import layout
 
 from . import lamport, primitives
-from .numerics import LANES, WORDS, canonical_zero_word, high_f32, low_f32
+from .numerics import LANES, WORDS, canonical_zero_word, high_f32, low_f32, pack
 from .publish import finalize_fragment
 
 WARP = 32
@@ -237,7 +237,7 @@ def store_mxfp8(layer, values: cute.Tensor, scales: cute.Tensor, token: Int32, n
     codes = [primitives.e4m3x2_rn(scaled[2 * i], scaled[2 * i + 1]) for i in range(WORDS)]
     if in_row:
         primitives.store_v2(lamport.element_address(values, Int64(token) * Int64(hidden) + Int64(column)),
-                            codes[0] | (codes[1] << Uint32(16)), codes[2] | (codes[3] << Uint32(16)))
+                            pack(codes[0], codes[1]), pack(codes[2], codes[3]))
 
     # Scale columns 4k..4k+3 are 4 consecutive bytes of the swizzled layout: the 16 threads of
     # those blocks gather them into one word, stored by the first.

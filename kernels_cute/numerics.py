@@ -53,7 +53,8 @@ def canonical_zero(bits: Uint32) -> Uint32:
 
 @cute.jit
 def pack(low: Uint32, high: Uint32) -> Uint32:
-    """One word of two bf16 bit patterns (each in the low 16 bits of its argument)."""
+    """One word of two 16-bit patterns (bf16, or a pair of e4m3 codes), each in the low 16 bits of
+    its argument."""
     return low | (high << Uint32(16))
 
 
