@@ -157,6 +157,8 @@ class ConsumerKernel:
             # Nothing of this call ran before this kernel: it waits before its first load.
             if cutlass.const_expr(self.use_pdl):
                 primitives.grid_dependency_wait()
+                if cutlass.const_expr(self.local):
+                    primitives.launch_dependents()  # (see streaming.py)
         if cutlass.const_expr(self.publish is not None):
             generation = primitives.load_volatile_b32(lamport.element_address(state, Int64(lamport.STATE_NEXT)))
         # Inputs first, so their latencies overlap the wait: after a publish kernel (which waited for
@@ -231,7 +233,7 @@ class ConsumerKernel:
                 primitives.store_b32(lamport.element_address(state, Int64(layout.STATE_ARRIVED)), Int32(0))
                 primitives.store_b32(lamport.element_address(state, Int64(lamport.STATE_NEXT)),
                                      lamport.next_generation(generation))
-        if cutlass.const_expr(self.use_pdl):
+        if cutlass.const_expr(self.use_pdl and not self.local):
             primitives.launch_dependents()
 
     @cute.jit

@@ -144,8 +144,12 @@ class StreamingConsumerKernel:
         lane = tidx % Int32(WARP)
         warp = tidx // Int32(WARP)
         if cutlass.const_expr(self.local and self.use_pdl):
-            # Nothing of this call ran before this kernel: it waits before its first load.
+            # Nothing of this call ran before this kernel: it waits before its first load. A group of
+            # one's call is this kernel alone, and nothing below is waited for: the next kernel may
+            # launch now, its CTAs taking the SMs this grid's last wave leaves free (it still waits
+            # for this kernel's completion before it reads anything).
             primitives.grid_dependency_wait()
+            primitives.launch_dependents()
 
         post_mix = [Float32(post[token * Int32(hc) + Int32(j)]) for j in range(hc)]
         comb_mix = [[Float32(comb[(token * Int32(hc) + Int32(s)) * Int32(hc) + Int32(j)]) for j in range(hc)]
@@ -239,7 +243,7 @@ class StreamingConsumerKernel:
                                                                 + Int64(column)), layer)
                 if cutlass.const_expr(self.quant):
                     store_mxfp8(layer, values, scales, token, num_tokens, fragment, column, in_row, tidx, hidden)
-        if cutlass.const_expr(self.use_pdl):
+        if cutlass.const_expr(self.use_pdl and not self.local):
             primitives.launch_dependents()
 
 

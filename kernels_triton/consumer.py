@@ -279,6 +279,11 @@ def consumer_kernel(
         # latencies overlap the wait for the peers.
         if (PUBLISH != NO_PUBLISH) | LOCAL:
             ptx.grid_dependency_wait(USE_PDL, ON_GPU)
+        if LOCAL:
+            # A group of one's call is this kernel alone, and nothing below is waited for: the next
+            # kernel may launch now, its CTAs taking the SMs this grid's last wave leaves free (it
+            # still waits for this kernel's completion before it reads anything).
+            ptx.launch_dependents(USE_PDL, ON_GPU)
         post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
         comb_bits = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
                             mask=in_streams[:, None] & in_streams[None, :], other=0.0).to(tl.int32, bitcast=True)
@@ -378,5 +383,5 @@ def consumer_kernel(
     if ONE_KERNEL & MIX:
         if arrived == tl.num_programs(0) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)
-    if PHASES != NORMALIZE_PHASE:
+    if (PHASES != NORMALIZE_PHASE) & (not LOCAL):
         ptx.launch_dependents(USE_PDL, ON_GPU)

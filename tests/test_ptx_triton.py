@@ -113,6 +113,20 @@ def test_pdl(build):
         assert "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text, name
 
 
+def test_local_forms_let_the_next_kernel_launch_after_their_wait(chunked):
+    """A group of one's call is its consumer alone: it triggers the next kernel's launch right after
+    its own PDL wait, before its first load (the next kernel still waits for its completion)."""
+    tp, _, ptx = chunked
+    for name, text in ptx.items():
+        if tp == 1:
+            wait, trigger = text.index("griddepcontrol.wait"), text.index("griddepcontrol.launch_dependents")
+            first_load = re.search(r"ld\.global", text)
+            assert text.count("griddepcontrol.launch_dependents") == 1, name
+            assert wait < trigger < first_load.start(), name
+        else:
+            assert text.index("griddepcontrol.launch_dependents") > text.rindex("st.global"), name
+
+
 def test_no_pdl_build_has_no_griddepcontrol():
     spec = BuildSpec(hidden=256, hc=4, capacity=8, top_k=2, tp=2, rank=0, use_pdl=False)
     for name, text in compile_ptx(spec).items():

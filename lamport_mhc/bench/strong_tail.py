@@ -18,11 +18,12 @@ def _chunk(hidden: int) -> int:
 
 
 def _launch(kernel, grid, interpret: bool, num_warps: int, *args, **constexprs) -> None:
+    """On the GPU every kernel is a programmatic dependent launch (``PDL``), as the fused kernels are."""
     if interpret:
         from kernels_triton.interpret import launch_interpreted
         launch_interpreted(kernel, grid, *args, **constexprs)
     else:
-        kernel[grid](*args, **constexprs, num_warps=num_warps)
+        kernel[grid](*args, **constexprs, PDL=True, num_warps=num_warps, launch_pdl=True)
 
 
 STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed")

@@ -15,6 +15,9 @@ The tail comes in two forms, as engines pick kernels by M:
   squares, the norm adds a row's partial sums before normalizing its piece.
 - ``STREAMED`` (either form): cache hints for data that passes once (inputs evicted first, the
   streams stored ``.cs``), as engines' bandwidth-bound kernels give them.
+- ``PDL`` (every kernel): launched as a programmatic dependent of the kernel before it, as the
+  fused kernels are; it waits for that kernel, then at once lets the next one launch, so a launch
+  overlaps the previous grid's last wave for both alike.
 
 MXFP8 follows FlashInfer's rules (UE8M0 scale from amax * fp32(1/448), swizzled 128x4 scale layout,
 values clamped to +-448 and converted by the hardware); with QUANT the grid also covers the padded
@@ -27,6 +30,8 @@ rounded once to bf16.
 
 import triton
 import triton.language as tl
+
+from kernels_triton import ptx
 
 INV_E4M3_MAX = tl.constexpr(1.0 / 448.0)  # rounded to fp32 where it meets an fp32 operand: 0x3B124925
 
@@ -75,6 +80,13 @@ def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_
 
 
 @triton.jit
+def _dependent_launch(PDL: tl.constexpr):
+    """PDL: wait for the kernel before (whose outputs this one reads), then let the next launch."""
+    ptx.grid_dependency_wait(PDL, True)
+    ptx.launch_dependents(PDL, True)
+
+
+@triton.jit
 def _piece_blocks(c, CHUNK: tl.constexpr):
     """Columns of piece ``c`` as [blocks, 32] (one MXFP8 block a row)."""
     return c * CHUNK + tl.arange(0, CHUNK // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
@@ -119,8 +131,9 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                        residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
                        SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, STREAMED: tl.constexpr = False,
-                       INTERPRETED: tl.constexpr = False):
+                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them."""
+    _dependent_launch(PDL)
     row = tl.program_id(0)
     if row < m:
         row64 = row.to(tl.int64)
@@ -157,7 +170,8 @@ def _zero_scales_of_padded_row(scales_ptr, row, HIDDEN: tl.constexpr, SCALE_COLS
 @triton.jit
 def tail_mix_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr,
                     partial_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr,
-                    STREAMED: tl.constexpr = False):
+                    STREAMED: tl.constexpr = False, PDL: tl.constexpr = False):
+    _dependent_launch(PDL)
     row64 = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     squares, _ = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr,
@@ -168,7 +182,8 @@ def tail_mix_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, resi
 @triton.jit
 def tail_norm_kernel(layer_ptr, weight_ptr, partial_ptr, values_ptr, scales_ptr, m, eps,
                      HIDDEN: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr, PIECES_P2: tl.constexpr,
-                     INTERPRETED: tl.constexpr = False):
+                     INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False):
+    _dependent_launch(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     if row < m:
@@ -207,7 +222,8 @@ def _e4m3_bits(q):
 
 @triton.jit
 def moe_finalize_kernel(gemm2_ptr, weights_ptr, index_ptr, shared_ptr, out_ptr,
-                        HIDDEN: tl.constexpr, TOP_K: tl.constexpr, CHUNK: tl.constexpr):
+                        HIDDEN: tl.constexpr, TOP_K: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+    _dependent_launch(PDL)
     token = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     acc = tl.zeros([CHUNK], tl.float32)
