@@ -270,9 +270,10 @@ class LocalConsumerKernel(ConsumerKernel):
     def __call__(self, residual: cute.Tensor, post: cute.Tensor, comb: cute.Tensor, pre: cute.Tensor,
                  gamma: cute.Tensor, residual_out: cute.Tensor, layer_out: cute.Tensor, values: cute.Tensor,
                  scales: cute.Tensor, eps: Float32, num_tokens: Int32, x: cute.Tensor, gemm2: cute.Tensor,
-                 weights: cute.Tensor, indices: cute.Tensor, stream: cuda.CUstream):
+                 weights: cute.Tensor, indices: cute.Tensor, streamed: Int32, stream: cuda.CUstream):
         """As ``ConsumerKernel``, ``x`` the contribution (or the shared expert output, finalize); the
-        kernel's mailbox, state, error and table parameters are never read (given ``residual``)."""
+        kernel's mailbox, state, error and table parameters are never read (given ``residual``), nor
+        is ``streamed`` (the streaming form's cache hints: a call of few rows moves little)."""
         self.launch(residual, residual, post, comb, pre, gamma, residual_out, layer_out, values, scales, residual,
                     residual, eps, num_tokens, Int64(0), Int32(0), x, gemm2, weights, indices, residual, Int64(0),
                     stream)

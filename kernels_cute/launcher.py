@@ -21,6 +21,7 @@ from cutlass.cute.runtime import from_dlpack
 
 from lamport_mhc.backend import BuildSpec, ConsumerArgs
 from lamport_mhc.call import Call
+from lamport_mhc.traffic import STREAMED_ROWS, streams_past_l2
 from lamport_mhc.workspace import Workspace
 
 from .offline import BUFFER_KINDS, fake_argument, parse_arch
@@ -72,6 +73,10 @@ class CuteKernels:
         self.spec = replace(spec, ll_one_kernel_rows=one_kernel_rows(spec, device))
         self.workspace = workspace
         self.split_rows = SPLIT_ROWS if spec.split_rows is None else spec.split_rows
+        # Local calls in STREAMED_ROWS that move at least the L2's bytes take the streaming form's
+        # cache hints (a runtime argument: one kernel serves both).
+        self.streamed_rows = STREAMED_ROWS
+        self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else None
         self.plan = kernel_plan(self.spec)
         # Stand-ins for buffers a specialization never dereferences (divisible as each kind declares).
         self._unused = {kind: torch.zeros(16, dtype=BUFFER_DTYPES[kind], device=device) for kind in BUFFER_KINDS}
@@ -153,10 +158,13 @@ class CuteKernels:
                                                         indices=call.indices)
         else:
             name, contribution = "local", dict(x=call.x)
+        spec = self.spec
+        streamed = streams_past_l2(call.variant, call.m, spec.hidden, spec.hc, spec.top_k, self.l2_bytes,
+                                   self.streamed_rows)
         self._launch(f"{self.form(call.m)}{name}_{args.variant}", residual=args.residual, post=args.post,
                      comb=args.comb, pre=args.pre, gamma=args.norm_weight, residual_out=args.residual_out,
                      layer_out=args.layer_input, values=args.mxfp8_values, scales=args.mxfp8_scales,
-                     eps=float(args.norm_eps), num_tokens=call.m, **contribution)
+                     eps=float(args.norm_eps), num_tokens=call.m, streamed=int(streamed), **contribution)
 
     def publish_and_consume(self, call: Call, phases: str = "both") -> None:
         if phases != "both":

@@ -102,16 +102,18 @@ def reduced_from_mailbox(mailbox: cute.Tensor, gen: Int64, generation: Int32, to
 @cute.jit
 def local_reduced(x: cute.Tensor, gemm2: cute.Tensor, weights: cute.Tensor, indices: cute.Tensor, token: Int32,
                   column: Int32, hidden: cutlass.Constexpr[int], top_k: cutlass.Constexpr[int],
-                  finalize: cutlass.Constexpr[bool]):
+                  finalize: cutlass.Constexpr[bool], policy=None):
     """bf16 words of a group of one's reduced fragment: its own contribution (``x``, or the MoE
     finalize with ``x`` the shared expert output), then the contract's sum of one rank,
     ``bf16(0 + c)`` with ``add.rn`` (which also turns a NaN into 0x7FC0). For a bf16 ``c``,
-    ``0 + c`` is exact but for -0.0, which it makes +0.0: so ``x`` needs no canonicalization
-    before it, and no sum needs one after it."""
+    ``0 + c`` is exact but for -0.0, which it makes +0.0: so neither ``x`` nor the finalize needs
+    canonicalization before it, and no sum needs one after it. ``policy``: the loads' L2 cache
+    policy."""
     if cutlass.const_expr(finalize):
-        words = finalize_fragment(x, gemm2, weights, indices, token, column, hidden, top_k)
+        words = finalize_fragment(x, gemm2, weights, indices, token, column, hidden, top_k, False, policy)
     else:
-        words = primitives.load_v4(lamport.element_address(x, Int64(token) * Int64(hidden) + Int64(column)))
+        words = primitives.load_v4(lamport.element_address(x, Int64(token) * Int64(hidden) + Int64(column)), None,
+                                   policy)
     out = [primitives.bf16x2_rn(primitives.add_rn(Float32(0.0), low_f32(words[i])),
                                 primitives.add_rn(Float32(0.0), high_f32(words[i]))) for i in range(WORDS)]
     return out[0], out[1], out[2], out[3]

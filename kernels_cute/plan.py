@@ -39,11 +39,12 @@ CONSUMER_SIGNATURE = (("mailbox", "*i16"), ("residual", "*i16"), ("post", "*fp32
                       # one-kernel LL forms only, as the publish's
                       ("x", "*i16"), ("gemm2", "*i16"), ("weights", "*fp32"), ("indices", "*i32"),
                       ("peer_table", "table"), ("multicast_address", "i64"), ("stream", "stream"))
-# A group of one's consumer: the call's inputs and outputs, no mailbox, state, error word or table.
+# A group of one's consumer: the call's inputs and outputs, no mailbox, state, error word or table;
+# ``streamed`` (nonzero): the streaming form accesses what the call moves once evict-first in L2.
 LOCAL_SIGNATURE = (("residual", "*i16"), ("post", "*fp32"), ("comb", "*fp32"), ("pre", "*fp32"), ("gamma", "*i16"),
                    ("residual_out", "*i16"), ("layer_out", "*i16"), ("values", "*u8"), ("scales", "*u8"),
                    ("eps", "f32"), ("num_tokens", "i32"), ("x", "*i16"), ("gemm2", "*i16"), ("weights", "*fp32"),
-                   ("indices", "*i32"), ("stream", "stream"))
+                   ("indices", "*i32"), ("streamed", "i32"), ("stream", "stream"))
 
 
 @dataclass(frozen=True)

@@ -57,20 +57,37 @@ def reload_volatile_v4(address: Int64, predicate: Int32, words, *, loc=None, ip=
 
 
 @dsl_user_op
-def load_v4(address: Int64, predicate: Int32 | None = None, *, loc=None, ip=None) -> tuple:
+def streaming_policy(streamed: Int32, *, loc=None, ip=None) -> Int64:
+    """The L2 cache policy of what a call moves once: evict-first where ``streamed`` is nonzero, else
+    evict-normal (what an access without a hint gets). Chosen per call, so one kernel serves both."""
+    return Int64(_asm(T.i64(), [Int32(streamed).ir_value(loc=loc, ip=ip)],
+                      "{\n\t.reg .pred p;\n\t.reg .b64 first, normal;\n\t"
+                      "createpolicy.fractional.L2::evict_first.b64 first, 1.0;\n\t"
+                      "createpolicy.fractional.L2::evict_normal.b64 normal, 1.0;\n\t"
+                      "setp.ne.s32 p, $1, 0;\n\tselp.b64 $0, first, normal, p;\n\t}",
+                      "=l,r", False, loc, ip))
+
+
+@dsl_user_op
+def load_v4(address: Int64, predicate: Int32 | None = None, policy: Int64 | None = None, *, loc=None,
+            ip=None) -> tuple:
     """One 16-byte ``ld.global.v4.b32`` of an input fragment; with ``predicate``, zeros where it is 0
-    (an unrouted top-k row is never dereferenced). Kept in program order after the PDL wait."""
+    (an unrouted top-k row is never dereferenced); with ``policy`` (``streaming_policy``), under that
+    L2 cache policy. Kept in program order after the PDL wait."""
     result = llvm.StructType.get_literal([T.i32()] * 4)
     operands = [Int64(address).ir_value(loc=loc, ip=ip)]
+    load, constraints = "ld.global.v4.b32 {$0, $1, $2, $3}, [$4]", "=r,=r,=r,=r,l"
+    if policy is not None:
+        operands.append(Int64(policy).ir_value(loc=loc, ip=ip))
+        load, constraints = "ld.global.L2::cache_hint.v4.b32 {$0, $1, $2, $3}, [$4], $5", constraints + ",l"
     if predicate is None:
-        struct = _asm(result, operands, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l,~{memory}",
-                      True, loc, ip)
+        struct = _asm(result, operands, load + ";", constraints + ",~{memory}", True, loc, ip)
     else:
+        p = f"${len(operands) + 4}"
         struct = _asm(result, [*operands, Int32(predicate).ir_value(loc=loc, ip=ip)],
-                      "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $5, 0;\n\t"
+                      f"{{\n\t.reg .pred p;\n\tsetp.ne.s32 p, {p}, 0;\n\t"
                       "@!p mov.b32 $0, 0;\n\t@!p mov.b32 $1, 0;\n\t@!p mov.b32 $2, 0;\n\t@!p mov.b32 $3, 0;\n\t"
-                      "@p ld.global.v4.b32 {$0, $1, $2, $3}, [$4];\n\t}",
-                      "=r,=r,=r,=r,l,r,~{memory}", True, loc, ip)
+                      f"@p {load};\n\t}}", constraints + ",r,~{memory}", True, loc, ip)
     return _four_words(struct, loc, ip)
 
 
@@ -83,11 +100,16 @@ def load_volatile_b32(address: Int64, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def store_v4(address: Int64, words, *, loc=None, ip=None) -> None:
+def store_v4(address: Int64, words, policy: Int64 | None = None, *, loc=None, ip=None) -> None:
     """One 16-byte ``st.global.v4.b32`` to a raw address: a peer store through the table of peer
-    addresses (the mapping of another GPU's buffer), a re-arm, or a local output fragment."""
-    _asm(None, [Int64(address).ir_value(loc=loc, ip=ip), *_words(words, loc, ip)],
-         "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", True, loc, ip)
+    addresses (the mapping of another GPU's buffer), a re-arm, or a local output fragment; with
+    ``policy`` (``streaming_policy``), under that L2 cache policy."""
+    operands = [Int64(address).ir_value(loc=loc, ip=ip), *_words(words, loc, ip)]
+    if policy is None:
+        _asm(None, operands, "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", True, loc, ip)
+    else:
+        _asm(None, [*operands, Int64(policy).ir_value(loc=loc, ip=ip)],
+             "st.global.L2::cache_hint.v4.b32 [$0], {$1, $2, $3, $4}, $5;", "l,r,r,r,r,l,~{memory}", True, loc, ip)
 
 
 @dsl_user_op

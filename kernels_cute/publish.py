@@ -36,10 +36,12 @@ def launch_shape(hidden: int, max_threads: int = 128) -> tuple[int, int]:
 @cute.jit
 def finalize_fragment(shared: cute.Tensor, gemm2: cute.Tensor, weights: cute.Tensor, indices: cute.Tensor,
                       token: Int32, column: Int32, hidden: cutlass.Constexpr[int],
-                      top_k: cutlass.Constexpr[int]):
+                      top_k: cutlass.Constexpr[int], canonical: cutlass.Constexpr[bool] = True, policy=None):
     """bf16 words of ``bf16(sum_k fma(gemm2[idx[t, k]], w[t, k], .) + shared[t])`` at ``column``: the
     weighted sum in k order from +0, rows of -1 skipped (not multiplied by zero), then the shared
-    expert added in fp32 and the result rounded to nearest even."""
+    expert added in fp32 and the result rounded to nearest even; ``canonical``: -0.0 made +0.0 (a
+    mailbox's sentinel; the local form's sum of one rank does that itself). ``policy``: the loads'
+    L2 cache policy."""
     # Every route's index and weight, then every routed row's fragment, then the arithmetic: the
     # loads are independent, so their latencies overlap.
     rows = [indices[token * top_k + k] for k in range(top_k)]
@@ -47,9 +49,9 @@ def finalize_fragment(shared: cute.Tensor, gemm2: cute.Tensor, weights: cute.Ten
     routed_words = []
     for k in cutlass.range_constexpr(top_k):
         address = lamport.element_address(gemm2, Int64(rows[k]) * Int64(hidden) + Int64(column))
-        routed_words.append(primitives.load_v4(address, Int32(rows[k] != Int32(-1))))
+        routed_words.append(primitives.load_v4(address, Int32(rows[k] != Int32(-1)), policy))
     base = Int64(token) * Int64(hidden) + Int64(column)
-    shared_words = primitives.load_v4(lamport.element_address(shared, base))
+    shared_words = primitives.load_v4(lamport.element_address(shared, base), None, policy)
 
     acc = [Float32(0.0) for _ in range(LANES)]
     for k in cutlass.range_constexpr(top_k):
@@ -59,12 +61,9 @@ def finalize_fragment(shared: cute.Tensor, gemm2: cute.Tensor, weights: cute.Ten
             value = low_f32(word) if lane % 2 == 0 else high_f32(word)
             fused = primitives.fma_rn(value, scales[k], acc[lane])
             acc[lane] = Float32(cutlass.select_(routed, fused, acc[lane]))
-    out = []
-    for i in cutlass.range_constexpr(WORDS):
-        out.append(canonical_zero_word(primitives.bf16x2_rn(primitives.add_rn(acc[2 * i], low_f32(shared_words[i])),
-                                                            primitives.add_rn(acc[2 * i + 1],
-                                                                              high_f32(shared_words[i])))))
-    return out
+    out = [primitives.bf16x2_rn(primitives.add_rn(acc[2 * i], low_f32(shared_words[i])),
+                                primitives.add_rn(acc[2 * i + 1], high_f32(shared_words[i]))) for i in range(WORDS)]
+    return [canonical_zero_word(word) for word in out] if canonical else out
 
 
 class PublishKernel:

@@ -115,16 +115,17 @@ class StreamingConsumerKernel:
                  stream: cuda.CUstream):
         """The arguments of ``consumer.ConsumerKernel`` (``x`` to ``multicast_address`` unread)."""
         self.launch(mailbox, residual, post, comb, pre, gamma, residual_out, layer_out, values, scales, state,
-                    error, eps, num_tokens, timeout_ns, capacity, x, gemm2, weights, indices, stream)
+                    error, eps, num_tokens, timeout_ns, capacity, x, gemm2, weights, indices, Int32(0), stream)
 
     @cute.jit
     def launch(self, mailbox: cute.Tensor, residual: cute.Tensor, post: cute.Tensor, comb: cute.Tensor,
                pre: cute.Tensor, gamma: cute.Tensor, residual_out: cute.Tensor, layer_out: cute.Tensor,
                values: cute.Tensor, scales: cute.Tensor, state: cute.Tensor, error: cute.Tensor, eps: Float32,
                num_tokens: Int32, timeout_ns: Int64, capacity: Int32, x: cute.Tensor, gemm2: cute.Tensor,
-               weights: cute.Tensor, indices: cute.Tensor, stream: cuda.CUstream):
+               weights: cute.Tensor, indices: cute.Tensor, streamed: Int32, stream: cuda.CUstream):
         kernel = self.kernel(mailbox, residual, post, comb, pre, gamma, residual_out, layer_out, values, scales,
-                             state, error, eps, num_tokens, timeout_ns, capacity, x, gemm2, weights, indices)
+                             state, error, eps, num_tokens, timeout_ns, capacity, x, gemm2, weights, indices,
+                             streamed)
         if cutlass.const_expr(self.norm):
             kernel.launch(grid=(num_tokens, 1, 1), block=(self.threads, 1, 1), smem=self.smem_slots * 4,
                           stream=stream, use_pdl=self.use_pdl, **self.occupancy)
@@ -137,7 +138,7 @@ class StreamingConsumerKernel:
                pre: cute.Tensor, gamma: cute.Tensor, residual_out: cute.Tensor, layer_out: cute.Tensor,
                values: cute.Tensor, scales: cute.Tensor, state: cute.Tensor, error: cute.Tensor, eps: Float32,
                num_tokens: Int32, timeout_ns: Int64, capacity: Int32, x: cute.Tensor, gemm2: cute.Tensor,
-               weights: cute.Tensor, indices: cute.Tensor):
+               weights: cute.Tensor, indices: cute.Tensor, streamed: Int32):
         hidden, hc = self.hidden, self.hc
         tidx, _, _ = cute.arch.thread_idx()
         token, _, _ = cute.arch.block_idx()
@@ -150,6 +151,11 @@ class StreamingConsumerKernel:
             # for this kernel's completion before it reads anything).
             primitives.grid_dependency_wait()
             primitives.launch_dependents()
+        policy = None
+        if cutlass.const_expr(self.local):
+            # What the call moves once (the contribution's inputs, the streams in and out) leaves L2
+            # first in calls that the launcher marks ``streamed``.
+            policy = primitives.streaming_policy(streamed)
 
         post_mix = [Float32(post[token * Int32(hc) + Int32(j)]) for j in range(hc)]
         comb_mix = [[Float32(comb[(token * Int32(hc) + Int32(s)) * Int32(hc) + Int32(j)]) for j in range(hc)]
@@ -179,8 +185,8 @@ class StreamingConsumerKernel:
             streams = None
             if cutlass.const_expr(not self.streams_last):
                 streams = [primitives.load_v4(lamport.element_address(
-                    residual, (Int64(token) * Int64(hc) + Int64(s)) * Int64(hidden) + Int64(column)), predicate)
-                    for s in range(hc)]
+                    residual, (Int64(token) * Int64(hc) + Int64(s)) * Int64(hidden) + Int64(column)), predicate,
+                    policy) for s in range(hc)]
             if cutlass.const_expr(k == 0 and not self.local):
                 # The residual streams of the first chunk are inputs (complete before the publish let
                 # this kernel start), loaded before the wait; the state and the mailbox after it.
@@ -194,14 +200,14 @@ class StreamingConsumerKernel:
             if in_row:
                 if cutlass.const_expr(self.local):
                     r0, r1, r2, r3 = local_reduced(x, gemm2, weights, indices, token, column, hidden, self.top_k,
-                                                   self.contribution == "finalize")
+                                                   self.contribution == "finalize", policy)
                 else:
                     r0, r1, r2, r3 = reduced_from_mailbox(mailbox, gen, generation, token, column, timeout_ns,
                                                           error, capacity, self.tp, hidden, self.bt)
             if cutlass.const_expr(self.streams_last):
                 streams = [primitives.load_v4(lamport.element_address(
-                    residual, (Int64(token) * Int64(hc) + Int64(s)) * Int64(hidden) + Int64(column)), predicate)
-                    for s in range(hc)]
+                    residual, (Int64(token) * Int64(hc) + Int64(s)) * Int64(hidden) + Int64(column)), predicate,
+                    policy) for s in range(hc)]
             if cutlass.const_expr(k == 0 and self.protocol == "ll"):
                 if (token == Int32(0)) & (tidx == Int32(0)):
                     primitives.store_b32(lamport.element_address(state, Int64(lamport.STATE_NEXT)),
@@ -213,7 +219,7 @@ class StreamingConsumerKernel:
                 for j in cutlass.range_constexpr(hc):
                     primitives.store_v4(lamport.element_address(
                         residual_out, (Int64(token) * Int64(hc) + Int64(j)) * Int64(hidden) + Int64(column)),
-                        out_words[j])
+                        out_words[j], policy)
             if cutlass.const_expr(self.norm):
                 prenorms.append(prenorm)
                 node = ordered_butterfly_sum(fragment_node(prenorm, None if full else in_row), lane)
@@ -259,7 +265,8 @@ class StreamingLocalConsumerKernel(StreamingConsumerKernel):
     def __call__(self, residual: cute.Tensor, post: cute.Tensor, comb: cute.Tensor, pre: cute.Tensor,
                  gamma: cute.Tensor, residual_out: cute.Tensor, layer_out: cute.Tensor, values: cute.Tensor,
                  scales: cute.Tensor, eps: Float32, num_tokens: Int32, x: cute.Tensor, gemm2: cute.Tensor,
-                 weights: cute.Tensor, indices: cute.Tensor, stream: cuda.CUstream):
-        """As ``consumer.LocalConsumerKernel``; the mailbox, state and error parameters are never read."""
+                 weights: cute.Tensor, indices: cute.Tensor, streamed: Int32, stream: cuda.CUstream):
+        """As ``consumer.LocalConsumerKernel``; the mailbox, state and error parameters are never read.
+        ``streamed`` (nonzero): what the call moves once is accessed evict-first in L2."""
         self.launch(residual, residual, post, comb, pre, gamma, residual_out, layer_out, values, scales, residual,
-                    residual, eps, num_tokens, Int64(0), Int32(0), x, gemm2, weights, indices, stream)
+                    residual, eps, num_tokens, Int64(0), Int32(0), x, gemm2, weights, indices, streamed, stream)

@@ -11,12 +11,12 @@ import torch
 
 from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support, cuda_device_support, symmetric_memory_support
 from lamport_mhc.call import Call
-from lamport_mhc.traffic import fused_bytes
+from lamport_mhc.traffic import STREAMED_ROWS, streams_past_l2
 from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
-from .plan import STREAMED_ROWS, kernel_plan, root_slot_stride, row_chunks
+from .plan import kernel_plan, root_slot_stride, row_chunks
 
 PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
                "both": ALL_PHASES.value}
@@ -175,14 +175,10 @@ class TritonKernels:
                               *publish, self._ll_peers, self._ll_multicast, streamed=self._streamed(call))
 
     def _streamed(self, call: Call) -> bool:
-        """Whether a local call takes the hinted twin: ``streamed_rows`` rows whose HBM bytes (every
-        route held, for the finalize) are at least the L2's."""
-        lo, hi = self.streamed_rows
-        if self.l2_bytes is None or not lo < call.m <= hi:
-            return False
+        """Whether a local call takes the hinted twin (``traffic.streams_past_l2``)."""
         spec = self.spec
-        _, nbytes = fused_bytes("local", call.variant, 1, call.m, spec.hidden, spec.hc, spec.top_k)
-        return nbytes >= self.l2_bytes
+        return streams_past_l2(call.variant, call.m, spec.hidden, spec.hc, spec.top_k, self.l2_bytes,
+                               self.streamed_rows)
 
     def _with_contribution(self, prefix: str, call: Call) -> tuple[str, tuple]:
         """The kernel name's stem and the contribution's arguments (x, or the finalize inputs)."""

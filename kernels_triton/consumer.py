@@ -39,7 +39,7 @@ Specialized by constexprs:
   scales of the padding rows), 2 residual-only (writes only the residual streams).
 - ``STREAMED``: cache hints for the bytes a call moves once: the contribution's inputs and the
   streams are loaded ``evict_first``, the streams out stored ``.cs`` (the layer input, which the
-  next GEMM reads, is stored plainly). Which calls take them: ``plan.STREAMED_ROWS``.
+  next GEMM reads, is stored plainly). Which calls take them: ``traffic.STREAMED_ROWS``.
 Every step follows the bit contract of ``lamport_mhc.reference``; see DESIGN.md.
 """
 

@@ -80,16 +80,6 @@ HELD_NARROW_CHUNKS = 4
 HELD_MAX_REGISTERS = 96
 
 
-# Local calls of lo < M <= hi rows that move at least the L2's bytes take the streaming consumers'
-# ``_streamed`` twins (cache hints for what a call moves once; the consumer's ``STREAMED``). One H200
-# (60 MiB of L2), tp = 1, H = 4096 / 5120 / 7168, plain, quant and finalize, hints against none: 768
-# rows 1.6-12.8% faster, 1024 2.2-4.8%, 1536 up to 6.2% (7168 quant 2.2% slower); 512 rows 2-12%
-# faster where the call moves more than 60 MiB (H = 7168, the finalize at 4096 and 5120) and 7-9% at
-# 5120 plain and quant (52-55 MB, left out), 9-21% slower at 4096 plain and quant (42-44 MB: without
-# hints the next call on the same inputs finds them in L2); 2048 up to 3.3% slower, 4096 3-5%.
-STREAMED_ROWS = (256, 1536)
-
-
 @dataclass(frozen=True)
 class KernelInstance:
     name: str            # file-name friendly: kernel, protocol and variant
@@ -113,7 +103,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
     """Every kernel a build launches, keyed by name (e.g. ``publish_ll``, ``consumer_bt_quant``,
     ``local_finalize_plain``). Each consumer whose row has several chunks also has a ``_split`` twin
     that spreads a token over one program per chunk (the cooperative form); each local streaming
-    consumer a ``_streamed`` twin with cache hints (``STREAMED_ROWS``)."""
+    consumer a ``_streamed`` twin with cache hints (``traffic.STREAMED_ROWS``)."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)

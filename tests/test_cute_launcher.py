@@ -14,9 +14,11 @@ pytest.importorskip("flashinfer.quantization.quantization_cute_dsl_utils",
 from cutlass import cute  # noqa: E402
 
 from kernels_cute import launcher  # noqa: E402
+from kernels_cute.plan import LOCAL_SIGNATURE  # noqa: E402
 from lamport_mhc import mxfp8_scale_bytes, validate  # noqa: E402
 from lamport_mhc.backend import BuildSpec  # noqa: E402
 from lamport_mhc.testing import random_inputs  # noqa: E402
+from lamport_mhc.traffic import STREAMED_ROWS  # noqa: E402
 from lamport_mhc.workspace import allocate_host_group  # noqa: E402
 
 H, HC, CAPACITY, TOP_K, TP, EPS = 256, 4, 8, 3, 2, 1e-20
@@ -140,6 +142,31 @@ def test_each_consumer_takes_the_form_of_its_rows(kernels, local_kernels, monkey
     default = _build(monkeypatch, 1)
     assert default.split_rows == launcher.SPLIT_ROWS
     assert default.form(launcher.SPLIT_ROWS) == "" and default.form(launcher.SPLIT_ROWS + 1) == "streaming_"
+
+
+def test_local_calls_in_the_streamed_window_pass_the_cache_hint_flag(local_kernels):
+    """Local calls of lo < M <= hi rows that move at least the L2's bytes pass ``streamed`` = 1 to
+    their kernel, every other call 0 (no L2 known: never)."""
+    assert local_kernels.l2_bytes is None and local_kernels.streamed_rows == STREAMED_ROWS
+    streamed_index = [argument for argument, _ in LOCAL_SIGNATURE].index("streamed")
+
+    def flags(m):
+        out = []
+        for call in _calls(local_kernels.spec, m):
+            local_kernels.local(call)
+            out += [int(arguments[streamed_index]) for recorder in local_kernels.compiled.values()
+                    for arguments in recorder.launches]
+            _launched(local_kernels)
+        return out
+
+    assert set(flags(CAPACITY)) == {0}
+    local_kernels.streamed_rows = (SPLIT, CAPACITY)
+    row = 2 * H
+    local_kernels.l2_bytes = (SPLIT + 1) * (row + 2 * HC * row + row)  # what SPLIT + 1 plain rows move
+    assert set(flags(SPLIT + 1)) == {1}  # plain, quant (more bytes) and the finalize (more still)
+    assert set(flags(SPLIT)) == {0}  # below the window
+    local_kernels.l2_bytes *= 1000
+    assert set(flags(SPLIT + 1)) == {0}  # fits in L2
 
 
 def test_launch_rejects_unknown_arguments_and_interpreted_halves(kernels):

@@ -112,7 +112,7 @@ def test_multicast_stores_only_in_multicast_builds(compiled):
 
 def test_peer_stores_are_16_bytes_one_per_destination(compiled):
     for tp, transport, hidden, _, name, text in _each(compiled):
-        stores = len(_ops(text, r"st\.global\.v4\.b32"))
+        stores = len(_ops(text, r"st\.global(?:\.L2::cache_hint)?\.v4\.b32"))
         if _consumer(name):
             # per iteration: hc residual streams (+ the layer input), then the re-arm of every slot read
             # (none in the local form); a one-kernel form publishes first, as publish_ll does
@@ -134,6 +134,25 @@ def test_peer_stores_are_16_bytes_one_per_destination(compiled):
         # nothing narrower than 16 bytes leaves a thread, except the state and error words
         assert not _ops(text, r"st\.global\.(v2\.)?(b|u|s)(8|16|64)\b"), (transport, name)
         assert not _ops(text, r"st\.global\.v2"), (transport, name)
+
+
+def test_streaming_local_forms_hint_what_the_call_moves_once(compiled):
+    """The streaming local form loads the streams and the contribution's inputs and stores the
+    streams under the call's L2 policy (evict-first or evict-normal, chosen per call); the layer
+    input and every other kernel's accesses carry no hint."""
+    for tp, _, hidden, _, name, text in _each(compiled):
+        hinted_loads = _ops(text, r"ld\.global\.L2::cache_hint\.v4\.b32")
+        hinted_stores = _ops(text, r"st\.global\.L2::cache_hint\.v4\.b32")
+        if not (_streaming(name) and _local(name)):
+            assert not hinted_loads and not hinted_stores and "createpolicy" not in text, name
+            continue
+        iterations = _iterations(tp, hidden, name)
+        inputs = TOP_K + 1 if "finalize" in name else 1
+        assert len(hinted_loads) == iterations * (HC + inputs), name
+        assert len(hinted_stores) == iterations * HC, name
+        assert len(_ops(text, r"st\.global\.v4\.b32")) == (0 if name.endswith("residual") else iterations), name
+        assert _ops(text, r"createpolicy\.fractional\.L2::evict_first\.b64") and \
+            _ops(text, r"createpolicy\.fractional\.L2::evict_normal\.b64"), name
 
 
 def test_polls_are_16_bytes_volatile_and_the_local_form_has_none(compiled):

@@ -8,7 +8,8 @@ import torch
 from lamport_mhc import SimulatedGroup
 from lamport_mhc.paths import FusedPath
 from lamport_mhc.testing import assert_outputs_match, call_simulated, check_simulated, random_inputs
-from kernels_triton.plan import STREAMED_ROWS, row_chunks
+from lamport_mhc.traffic import STREAMED_ROWS
+from kernels_triton.plan import row_chunks
 
 EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps
 
