@@ -16,7 +16,7 @@ from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
-from .plan import kernel_plan, root_slot_stride, row_chunks
+from .plan import cooperative_split, kernel_plan, row_chunks
 
 PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
                "both": ALL_PHASES.value}
@@ -27,6 +27,18 @@ MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
 # per SM. On one H200 (tp = 1) it beat the streaming form up to 128 rows at H = 5120 and 7168
 # (6.0 / 7.6 us against 7.4 / 9.7) and lost from 256 (11.3 / 15.9 against 9.2 / 12.9).
 COOPERATIVE_PROGRAMS_PER_SM = 7
+
+
+def _launch_as_clusters(compiled, cluster: int) -> None:
+    """Have Triton's launcher start ``compiled`` in clusters of ``cluster`` consecutive CTAs. It
+    reads the cluster size from the kernel's packed metadata (num_warps, num_ctas, shared) and
+    multiplies the grid's x by it. The kernel is compiled with num_ctas = 1: compiled with more,
+    Triton would spread each program's tensors over the cluster's CTAs."""
+    metadata = compiled.metadata
+    if len(compiled.packed_metadata) != 3 or metadata.num_ctas != 1:
+        raise RuntimeError(f"{metadata.name}: this Triton packs its launch metadata as "
+                           f"{compiled.packed_metadata}, not (num_warps, num_ctas, shared)")
+    compiled.packed_metadata = (metadata.num_warps, cluster, metadata.shared)
 
 
 class TritonBackend:
@@ -56,9 +68,11 @@ class TritonKernels:
         # Stand-ins for pointer arguments a specialization never dereferences.
         self._unused = {dtype: torch.zeros(16, dtype=dtype, device=device)
                         for dtype in (torch.int16, torch.float32, torch.int32, torch.uint8, torch.int64)}
-        # The cooperative form's root slots: per token and chunk, epoch << 32 | the chunk root's bits.
-        self.root_stride = root_slot_stride(self.chunks)  # slots per token: [capacity, root_stride]
-        self.root_slots = torch.zeros(spec.capacity * self.root_stride, dtype=torch.int64, device=device)
+        self.cooperative_split = cooperative_split(self.chunks)
+        # Where the simulated group's cooperative form parks its chunk roots (on the GPU they pass
+        # through the cluster's shared memory): [capacity, chunks].
+        self.parked_roots = (torch.zeros(spec.capacity * self.chunks, dtype=torch.float32, device=device)
+                             if interpret else self._unused[torch.float32])
         properties = None if interpret else torch.cuda.get_device_properties(device)
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else properties.multi_processor_count
@@ -76,7 +90,7 @@ class TritonKernels:
     def _split_rows(self) -> int:
         """Calls of at most this many rows take the cooperative form (a program per chunk of a
         token): by default while the call's programs fit one wave (on CPU: never, unless asked)."""
-        if self.chunks == 1:
+        if self.cooperative_split is None:
             return 0
         if self.spec.split_rows is not None:
             return self.spec.split_rows
@@ -87,17 +101,19 @@ class TritonKernels:
         split = m <= self.split_rows
         if waits_for_twins and self.resident is not None:
             split = split and m * self.chunks <= self.resident
-        return self.chunks if split else 1
+        return self.cooperative_split if split else 1
 
     # -- launching -------------------------------------------------------------------------------
     def _launch(self, name: str, grid, *args, **overrides):
-        """``overrides`` replace constexprs; only the interpreter takes them (compiled kernels are fixed)."""
+        """``grid`` counts programs; ``overrides`` replace constexprs, only the interpreter takes them
+        (compiled kernels are fixed)."""
         instance = self.plan[name]
         if self.interpret:
             launch_interpreted(instance.fn, grid, *args, **{**instance.constexprs, **overrides})
         else:
             if overrides:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
+            grid = (grid[0] // instance.cluster, *grid[1:])  # the launcher counts clusters (_launch_as_clusters)
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
@@ -120,8 +136,10 @@ class TritonKernels:
         """Compile every kernel now, so no call (and no CUDA-graph capture) compiles."""
         for instance in self.plan.values():
             args = [self._placeholder(arg, kind) for arg, kind in instance.signature.items()]
-            instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
-                               launch_pdl=self.spec.use_pdl)
+            compiled = instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
+                                          launch_pdl=self.spec.use_pdl)
+            if instance.cluster > 1:
+                _launch_as_clusters(compiled, instance.cluster)
 
     def _placeholder(self, arg: str, kind: str):
         """An argument of the kind a real launch passes (scalars typed as at run time)."""
@@ -189,7 +207,7 @@ class TritonKernels:
                         self._unused[torch.int32])
 
     def _consumer_args(self, protocol: str, args: ConsumerArgs) -> list:
-        """The consumer's arguments up to ``root_slots_ptr`` (the contribution's arguments follow)."""
+        """The consumer's arguments up to ``parked_roots_ptr`` (the contribution's arguments follow)."""
         ws = self.workspace
         source = {"bt": lambda: ws.bt_sums.local, "ll": lambda: ws.ll.local,
                   "local": lambda: self._unused[torch.int16]}[protocol]()
@@ -201,4 +219,4 @@ class TritonKernels:
                 u8 if args.mxfp8_values is None else args.mxfp8_values.view(torch.uint8),
                 u8 if args.mxfp8_scales is None else args.mxfp8_scales, ws.state(protocol), ws.error,
                 float(args.norm_eps), args.residual.shape[0], self.spec.spin_timeout_ns, self.spec.capacity,
-                self.root_slots]
+                self.parked_roots]

@@ -14,12 +14,10 @@ root, which is exact for every sum of squares.
 - Streaming: between the two passes the prenormalized row waits in ``layer_out`` (its bf16 bits:
   the contract rounds it there anyway).
 - Cooperative: a program keeps its prenormalized chunk in registers and exchanges chunk roots with
-  the token's other programs through ``root_slots`` (int64 [capacity, ROOT_STRIDE]), Lamport style: a
-  slot is one 64-bit word, epoch in the high half and the root's bits in the low half, so a root is
-  its own ready flag. The epoch is one more than the program's own slot held (only that program
-  writes it, and a token's slots are always written together, so they agree); it waits until every
-  slot of its token carries it, then normalizes its own chunk. The programs of a token are adjacent
-  in the grid, so they are dispatched together.
+  the token's other programs, which are one cluster of CTAs (``plan.KernelInstance.cluster``): each
+  stores its root into every CTA's shared memory, one cluster barrier, then each normalizes its own
+  chunk. The cluster is scheduled at once, so no program waits for one that has not started. The
+  simulated group parks the roots in ``parked_roots`` (fp32 [capacity, CHUNKS]) instead.
 
 Specialized by constexprs:
 - ``PUBLISH`` (LL only): 0, the publish kernel ran before; otherwise the call is one kernel, whose
@@ -29,7 +27,7 @@ Specialized by constexprs:
 - ``PHASES``: which of publish / mix / normalize a launch runs (bits; the GPU runs all in one). The
   simulated group, which runs ranks and programs one after another, launches them separately: the
   one-kernel form's publish before any rank consumes, and the cooperative form's normalize after
-  all of the rank's programs have left their roots (its prenormalized chunks parked in ``layer_out``).
+  all of the rank's programs have parked their roots (its prenormalized chunks parked in ``layer_out``).
 - ``LOCAL`` (a group of one, with ``PUBLISH`` naming the contribution): the contribution is the
   reduced row (the contract's sum of one contribution); no mailbox, no poll, no generation.
 - ``REDUCED`` (BT): the mailbox holds the owners' sums ``[gen][t]``; otherwise (LL) it holds every
@@ -236,7 +234,7 @@ def consumer_kernel(
     num_tokens,       # M of the call
     timeout_ns,       # int64, 0 = wait forever
     capacity,         # max_num_tokens of the build
-    root_slots_ptr,   # int64 [capacity, ROOT_STRIDE]: epoch << 32 | chunk root bits   (SPLIT > 1)
+    parked_roots_ptr,  # fp32 [capacity, CHUNKS]: the chunk roots (SPLIT > 1, simulated group only)
     x_ptr,            # int16 [M, H]: x, or the shared expert output          (PUBLISH)
     gemm2_ptr,        # int16 [rows, H]                                       (PUBLISH_FINALIZE)
     weights_ptr,      # fp32 [M, TOP_K]                                       (PUBLISH_FINALIZE)
@@ -244,17 +242,19 @@ def consumer_kernel(
     peer_table_ptr,   # int64 [TP]: every rank's LL mailbox address           (PUBLISH, not LOCAL)
     multicast_address,  # int64: the LL mailbox's multicast address           (PUBLISH, MULTICAST)
     HIDDEN: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, RANK: tl.constexpr, TOP_K: tl.constexpr,
-    BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr, ROOT_STRIDE: tl.constexpr,
+    BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     STREAMED: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
+    tl.static_assert(SPLIT <= ptx.MAX_CLUSTER, "a token's programs are one cluster")
     # (A flag computed from a plain constexpr is a bool under the interpreter, which has no bool & constexpr:
     # such flags come last in the conditions.)
     COOPERATIVE: tl.constexpr = SPLIT > 1
     MIX: tl.constexpr = (MIX_PHASE & PHASES) != 0
     NORMALIZE: tl.constexpr = ((NORMALIZE_PHASE & PHASES) != 0) & (VARIANT != RESIDUAL_ONLY)
+    EXCHANGE: tl.constexpr = NORMALIZE & COOPERATIVE & ON_GPU  # the chunk roots, through the cluster
     ONE_KERNEL: tl.constexpr = (PUBLISH != NO_PUBLISH) & (not LOCAL)
     program = tl.program_id(0)
     token = (program // SPLIT).to(tl.int64)
@@ -265,14 +265,15 @@ def consumer_kernel(
     tile_rows = (token * HC + streams[:, None]) * HIDDEN
     root_index = tl.arange(0, ROOTS)
     PARTS: tl.constexpr = CHUNK // 256  # a chunk's squares are summed in a part per warp (plan.row_warps)
-    token_slots = root_slots_ptr + token * ROOT_STRIDE
+    token_roots = parked_roots_ptr + token * CHUNKS
+    if EXCHANGE:
+        ptx.cluster_arrive(ON_GPU)
 
     if PHASES == NORMALIZE_PHASE:
-        # The simulated group's second launch of the cooperative form: this program's chunk and slot
-        # were left by the first.
+        # The simulated group's second launch of the cooperative form: this program's chunk and root
+        # were parked by the first.
         h = part * CHUNK + c
         prenorm = tl.load(layer_out_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0)
-        epoch = lamport.slot_epoch(ptx.load_relaxed_b64(token_slots + part, ON_GPU))
     else:
         # A kernel that starts the call waits for the previous kernel before it reads anything. After a
         # publish kernel (which waited for it) the inputs may be read before this kernel's wait, so their
@@ -303,8 +304,6 @@ def consumer_kernel(
             ptx.grid_dependency_wait(USE_PDL, ON_GPU)
             generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
         gen = generation.to(tl.int64)
-        if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE & MIX:  # only this program writes its slot: no race
-            epoch = lamport.slot_epoch(ptx.load_relaxed_b64(token_slots + part, ON_GPU)) + 1
 
         if ONE_KERNEL & ((PUBLISH_PHASE & PHASES) != 0):
             for i in range(CHUNKS // SPLIT):
@@ -359,8 +358,8 @@ def consumer_kernel(
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
             if program == 0:
                 lamport.advance_generation(state_ptr, generation)
-        if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE:
-            ptx.store_relaxed_b64(token_slots + part, lamport.root_slot_word(epoch, root), ON_GPU)
+        if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE & (not ON_GPU):
+            tl.store(token_roots + part, root)
         if NORMALIZE & (not COOPERATIVE):
             if HOLD:
                 inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
@@ -376,8 +375,14 @@ def consumer_kernel(
 
     if NORMALIZE & COOPERATIVE:
         h = part * CHUNK + c
-        gamma = tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0)  # in flight during the wait
-        roots = lamport.wait_for_roots(token_slots, epoch, timeout_ns, error_ptr, token, CHUNKS, ROOTS, ON_GPU)
+        gamma = tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0)  # in flight during the exchange
+        if ON_GPU:
+            exchanged = ptx.exchange_in_cluster(root, part, CHUNKS)
+            roots = tl.zeros([ROOTS], tl.float32)
+            for chunk in tl.static_range(CHUNKS):
+                roots = tl.where(root_index == chunk, exchanged[chunk], roots)
+        else:
+            roots = tl.load(token_roots + root_index, mask=root_index < CHUNKS, other=0.0)
         _normalize_chunk(prenorm, gamma, _inverse_rms(roots, eps, HIDDEN, ROOTS), token, num_tokens, part, h,
                          h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
     if ONE_KERNEL & MIX:

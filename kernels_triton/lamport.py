@@ -1,6 +1,5 @@
 """Device-side pieces of the Lamport protocol shared by the Triton kernels: polling a mailbox slot
-until no lane holds the sentinel (with the optional spin bound), re-arming slots, generations, and
-the cooperative consumer's exchange of chunk roots (64-bit words that carry their own epoch)."""
+until no lane holds the sentinel (with the optional spin bound), re-arming slots, generations."""
 
 import triton
 import triton.language as tl
@@ -20,7 +19,6 @@ GENERATIONS = tl.constexpr(layout.GENERATIONS)
 INTERPRETER_POLLS = tl.constexpr(2)
 # The int64 address of the host mirror of the spin-timeout record, in the device error buffer.
 MIRROR_ADDRESS = tl.constexpr(layout.ERROR_MIRROR_ADDRESS)
-OWN_CHUNKS = tl.constexpr(layout.SOURCE_OWN_CHUNKS)
 
 
 @triton.jit
@@ -63,38 +61,6 @@ def poll(ptrs, mask, timeout_ns, error_ptr, source, generation, token, ON_GPU: t
             record_timeout(error_ptr, source, generation, token, ON_GPU)
             pending = 0
     return values
-
-
-@triton.jit
-def root_slot_word(epoch, root):
-    """A chunk root's slot word: the call's epoch (int32) in the high half, the root's bits below."""
-    return (epoch.to(tl.int64) << 32) | root.to(tl.uint32, bitcast=True).to(tl.int64)
-
-
-@triton.jit
-def slot_epoch(word):
-    return (word >> 32).to(tl.int32)
-
-
-@triton.jit
-def wait_for_roots(slots_ptr, epoch, timeout_ns, error_ptr, token, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-                   ON_GPU: tl.constexpr):
-    """The ``ROOTS`` chunk roots of a token (+0.0 past ``CHUNKS``), once every slot of it carries
-    ``epoch``; on a spin timeout the record names the token's own chunks as what was awaited."""
-    index = tl.arange(0, ROOTS)
-    ptrs = slots_ptr + tl.where(index < CHUNKS, index, 0)
-    words = ptx.load_relaxed_b64(ptrs, ON_GPU)
-    pending = tl.max((slot_epoch(words) != epoch).to(tl.int32), axis=0)
-    start = ptx.global_timer_ns(ON_GPU)
-    polls = 0
-    while pending != 0:
-        words = ptx.load_relaxed_b64(ptrs, ON_GPU)
-        pending = tl.max((slot_epoch(words) != epoch).to(tl.int32), axis=0)
-        polls += 1
-        if _expired(start, polls, timeout_ns, ON_GPU) & (pending != 0):
-            record_timeout(error_ptr, OWN_CHUNKS, epoch, token, ON_GPU)
-            pending = 0
-    return tl.where(index < CHUNKS, words.to(tl.int32), 0).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -10,6 +10,7 @@ from lamport_mhc.backend import LOCAL, BuildSpec
 
 from .consumer import (ALL_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY,
                        consumer_kernel)
+from . import ptx
 from .owner_reduce import owner_reduce_kernel
 from .publish import publish_kernel
 
@@ -24,7 +25,7 @@ CONSUMER_SIGNATURE = {"mailbox_ptr": "*i16", "residual_ptr": "*i16", "post_ptr":
                       "pre_ptr": "*fp32", "gamma_ptr": "*i16", "residual_out_ptr": "*i16",
                       "layer_out_ptr": "*i16", "values_ptr": "*u8", "scales_ptr": "*u8", "state_ptr": "*i32",
                       "error_ptr": "*i32", "eps": "fp32", "num_tokens": "i32", "timeout_ns": "i64",
-                      "capacity": "i32", "root_slots_ptr": "*i64", "x_ptr": "*i16",
+                      "capacity": "i32", "parked_roots_ptr": "*fp32", "x_ptr": "*i16",
                       "gemm2_ptr": "*i16", "weights_ptr": "*fp32", "indices_ptr": "*i32", "peer_table_ptr": "*i64",
                       "multicast_address": "i64"}
 
@@ -50,14 +51,10 @@ def row_warps(chunk: int) -> int:
     return chunk // 256
 
 
-# A token's cooperative root slots start a 128-byte line of their own: the token's programs poll
-# their line until every root has landed, and tokens sharing a line would contend at one L2 slice.
-ROOT_LINE_SLOTS = 16
-
-
-def root_slot_stride(chunks: int) -> int:
-    """int64 slots per token in ``root_slots``: its chunks' roots, padded to whole lines."""
-    return -(-chunks // ROOT_LINE_SLOTS) * ROOT_LINE_SLOTS
+def cooperative_split(chunks: int) -> int | None:
+    """Programs per token of the cooperative form (one per chunk, one cluster of CTAs), or None
+    where a row has one chunk or more chunks than a cluster may hold (``ptx.MAX_CLUSTER``)."""
+    return chunks if 1 < chunks <= ptx.MAX_CLUSTER.value else None
 
 
 # The register cap of the local streaming consumers that park the row: 64 x 128 threads lets 8
@@ -88,6 +85,7 @@ class KernelInstance:
     signature: dict      # runtime arguments, in order
     num_warps: int
     max_registers: int | None = None  # per thread (ptxas's maxnreg); None: the compiler's choice
+    cluster: int = 1     # CTAs per cluster of the GPU launch (a program per CTA, consecutive ranks)
 
     @property
     def options(self) -> dict:
@@ -101,9 +99,10 @@ class KernelInstance:
 
 def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstance]:
     """Every kernel a build launches, keyed by name (e.g. ``publish_ll``, ``consumer_bt_quant``,
-    ``local_finalize_plain``). Each consumer whose row has several chunks also has a ``_split`` twin
-    that spreads a token over one program per chunk (the cooperative form); each local streaming
-    consumer a ``_streamed`` twin with cache hints (``traffic.STREAMED_ROWS``)."""
+    ``local_finalize_plain``). Each consumer whose row has 2 to ``ptx.MAX_CLUSTER`` chunks also has
+    a ``_split`` twin that spreads a token over a cluster of one program per chunk (the cooperative
+    form); each local streaming consumer a ``_streamed`` twin with cache hints
+    (``traffic.STREAMED_ROWS``)."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)
@@ -127,7 +126,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                 consumers.update({"one_kernel_ll": PUBLISH_X, "one_kernel_finalize_ll": PUBLISH_FINALIZE})
         for prefix, publish in consumers.items():
             for variant in spec.variants:
-                for split in sorted({1, chunks}):
+                for split in sorted({1, cooperative_split(chunks) or 1}):
                     local_streaming = split == 1 and protocol == LOCAL
                     hold = (local_streaming and publish.value == PUBLISH_X.value and variant != "residual"
                             and chunks <= HELD_MAX_CHUNKS)
@@ -136,11 +135,12 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 + ("_streamed" if streamed else ""))
                         plan[name] = KernelInstance(name, consumer_kernel, dict(
                             common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
-                            CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks),
-                            ROOT_STRIDE=root_slot_stride(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
+                            CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                             VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                             PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed),
                             CONSUMER_SIGNATURE, warps,
                             HELD_MAX_REGISTERS if hold and chunks > HELD_NARROW_CHUNKS else
-                            LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None)
+                            LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,
+                            # Only a cooperative form that normalizes exchanges chunk roots.
+                            split if split > 1 and variant != "residual" else 1)
     return plan

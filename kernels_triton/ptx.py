@@ -9,8 +9,6 @@ import triton
 import triton.language as tl
 
 
-
-
 @triton.jit
 def fma_rn(a, b, c, ON_GPU: tl.constexpr):
     """fp32 a*b+c with one rounding. On GPU ``fma.rn.f32``; the interpreter's ``tl.fma`` rounds
@@ -95,25 +93,46 @@ def e4m3_rn(v):
         "=r,r,r,r,r", args=[v], dtype=tl.uint8, is_pure=True, pack=4)
 
 
-@triton.jit
-def load_relaxed_b64(ptrs, ON_GPU: tl.constexpr):
-    """``ld.relaxed.gpu`` of int64 words: single-copy atomic, and never cached or hoisted, so a word
-    another program of the GPU stores whole is read whole, old or new."""
-    if ON_GPU:
-        return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l", [ptrs.to(tl.int64)],
-                                         dtype=tl.int64, is_pure=False, pack=1)
-    else:
-        return tl.load(ptrs)
+# A token's cooperative programs are one cluster of at most this many CTAs (the portable cluster size).
+MAX_CLUSTER = tl.constexpr(8)
 
 
 @triton.jit
-def store_relaxed_b64(ptr, word, ON_GPU: tl.constexpr):
-    """``st.relaxed.gpu`` of one int64 word (every thread stores the same word)."""
+def cluster_arrive(ON_GPU: tl.constexpr):
+    """Every thread: ``barrier.cluster.arrive.relaxed``, this CTA has started. A CTA may store into
+    another's shared memory only once that one has started: ``exchange_in_cluster`` first waits
+    for this arrival of the whole cluster (by then long past)."""
     if ON_GPU:
-        tl.inline_asm_elementwise("st.relaxed.gpu.global.b64 [$1], $2; mov.u32 $0, 0;", "=r,l,l",
-                                  [ptr.to(tl.int64), word], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.store(ptr, word)
+        tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+def _exchange_asm() -> str:
+    """``exchange_in_cluster``'s PTX: outputs $0..$7 (the eight slots), inputs $8 value, $9 rank, $10 size."""
+    pushes = "".join(f"setp.gt.and.u32 q, $10, {target}, leader; @q mapa.shared::cluster.u32 remote, own, {target}; "
+                     f"@q st.shared::cluster.b32 [remote], $8; " for target in range(8))
+    return ("{ .shared .align 16 .b32 cluster_values[8]; .reg .pred leader, q; .reg .b32 own, remote, tid; "
+            "mov.u32 tid, %tid.x; setp.eq.u32 leader, tid, 0; mov.u32 own, cluster_values; mad.lo.u32 own, $9, 4, own; "
+            "barrier.cluster.wait; " + pushes + "barrier.cluster.arrive.release; barrier.cluster.wait.acquire; "
+            "ld.shared.v4.b32 {$0, $1, $2, $3}, [cluster_values]; "
+            "ld.shared.v4.b32 {$4, $5, $6, $7}, [cluster_values+16]; }")
+
+
+EXCHANGE_ASM = tl.constexpr(_exchange_asm())
+
+
+@triton.jit
+def exchange_in_cluster(value, rank, size):
+    """Every thread of every CTA of a cluster of ``size`` (<= MAX_CLUSTER, after ``cluster_arrive``):
+    the fp32 ``value`` of each CTA, by cluster rank, as a tuple of MAX_CLUSTER. Thread 0 of CTA
+    ``rank`` stores its value into slot ``rank`` of every CTA's shared array (distributed shared
+    memory), then the cluster barrier (release / acquire) makes every slot visible and each thread
+    reads its own CTA's array. Slots from ``size`` on are undefined. GPU only: the simulated group
+    parks the values in a buffer instead."""
+    return tl.inline_asm_elementwise(
+        EXCHANGE_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [value, rank, size],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32),
+        is_pure=False, pack=1)
 
 
 @triton.jit

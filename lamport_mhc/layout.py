@@ -28,9 +28,6 @@ STATE_WORDS = 3
 # synchronization (inside CUDA graphs too). Into the mirror it stores the record, a system-scope
 # fence, then the flag: a host that sees the flag sees the record.
 RECORD_WORDS = 4
-# The record's source when a cooperative Triton consumer gave up waiting for the chunk roots of its
-# own token (the generation word then holds the epoch it waited for: the call count of that form).
-SOURCE_OWN_CHUNKS = -2
 # The device error buffer: the record, then (words 4-5, int64, 8-byte aligned) the address through
 # which kernels reach the host mirror (0: no mirror). Stored in the buffer, not passed to the
 # kernels, so their signatures do not depend on it.

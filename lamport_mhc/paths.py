@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import layout, reference
+from . import reference
 from .backend import LOCAL, BuildSpec, Kernels
 from .call import Call
 from .selector import Thresholds, choose_protocol
@@ -95,13 +95,11 @@ class FusedPath:
         record = self.workspace.read_error()
         if record is not None:
             source, generation, token = record
-            awaited = {-1: "the owners' reduced sum", layout.SOURCE_OWN_CHUNKS: "the chunk roots of its own programs"
-                       }.get(source, f"rank {source}'s contribution")
-            cause = ("the GPU did not hold them at once" if source == layout.SOURCE_OWN_CHUNKS else
-                     "a peer did not publish (hung, crashed, or issued a different sequence of calls)")
+            awaited = "the owners' reduced sum" if source == -1 else f"rank {source}'s contribution"
             raise RuntimeError(
                 f"{self.name} rank {self.workspace.rank}: spin timeout waiting for {awaited} to token {token} "
-                f"of generation {generation}; {cause}. This instance is unusable; rebuild it on every rank.")
+                f"of generation {generation}; a peer did not publish (hung, crashed, or issued a different "
+                "sequence of calls). This instance is unusable; rebuild it on every rank.")
 
 
 class TorchPath:

@@ -156,13 +156,41 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
         if name.startswith("local"):
             assert not _ops(text, r"ld\.volatile"), f"{name}: the local form polls nothing"
             assert "griddepcontrol.wait" in text, name
-    # Rows of several chunks also build the latency form of every consumer.
+    # Rows of 2-8 chunks also build the latency form of every consumer.
     consumers = {n for n in names
                  if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith(("_split", "_streamed"))}
-    assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if chunks > 1 else set())
+    cooperative = 1 < chunks <= 8  # a token's programs are one cluster
+    assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if cooperative else set())
     if tp == 1:
         assert names == {f"local{f}_plain{twin}" for f in ("", "_finalize") for twin in ("", "_streamed")} | (
-            {"local_plain_split", "local_finalize_plain_split"} if chunks > 1 else set())
+            {"local_plain_split", "local_finalize_plain_split"} if cooperative else set())
+
+
+def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
+    """Every cooperative consumer that normalizes (rows of 2-8 chunks) is launched as a cluster of a
+    CTA per chunk, arrives at the cluster barrier first thing and exchanges its chunk root once
+    through the cluster's shared memory (a store into each CTA, release / acquire); no other kernel
+    touches a cluster barrier, and none polls for roots in global memory."""
+    tp, hidden, ptx = chunked
+    _, chunks = plan.row_chunks(hidden)
+    spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
+                     ll_one_kernel_rows=64 if tp > 1 else 0)
+    instances = plan.kernel_plan(spec)
+    assert any(n.endswith("_split") for n in ptx) == (1 < chunks <= 8)
+    for name, text in ptx.items():
+        exchanges = name.endswith("_split") and "_residual" not in name
+        assert instances[name].cluster == (chunks if exchanges else 1), name
+        assert not _ops(text, r"ld\.relaxed"), name
+        if not exchanges:
+            assert "barrier.cluster" not in text, name
+            continue
+        body = text[text.index("griddepcontrol.wait") - 200:]
+        assert text.index("barrier.cluster.arrive.relaxed;") < text.index("griddepcontrol.wait"), name
+        assert len(_ops(text, r"st\.shared::cluster\.b32")) == 8 == len(_ops(text, r"mapa\.shared::cluster")), name
+        assert text.count("barrier.cluster.arrive.release;") == 1 == text.count("barrier.cluster.wait.acquire;"), name
+        assert text.count("barrier.cluster.wait;") == 1, name
+        assert body.index("barrier.cluster.wait;") < body.index("st.shared::cluster") < body.index(
+            "barrier.cluster.arrive.release;"), name
 
 
 def test_streamed_twins_hint_what_passes_once(chunked):

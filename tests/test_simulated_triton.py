@@ -69,11 +69,6 @@ def test_generations_cycle_with_m_changing_every_call():
         for state in group.generation_state():
             assert state["ll"][0] == ll_calls % 3 and state["bt"][0] == bt_calls % 3
             assert state["ll"][2] == 0  # the one-kernel form's arrival count is reset by its last program
-        for path in group.paths:  # each cooperative call advanced the epoch of every slot of its token
-            kernels = path.kernels["triton"]
-            epochs = kernels.root_slots.view(-1, kernels.root_stride) >> 32
-            assert (epochs[0, :kernels.chunks] == cooperative_calls).all()
-            assert not epochs[1:].any() and not epochs[0, kernels.chunks:].any()  # a line per token, padded
     assert ll_calls > 3 and bt_calls > 3 and cooperative_calls > 3
 
 
@@ -166,7 +161,7 @@ def test_norm_sums_each_chunk_by_the_contracts_tree(tp, hidden, split_rows):
     """A prenormalized row of one 4096 and then ones: the contract's tree keeps every 1.0 but the
     one paired with 4096^2 = 2^24, a sum that adds them to 2^24 one at a time loses them all (an
     rms 0.004% smaller at H = 1408: about one output in a hundred changes). Random rows beside it. In the
-    latency form the roots each token's chunks leave in the scratch are checked too: the contract's
+    latency form the roots each token's chunks park are checked too: the contract's
     chunk trees, bit for bit, so any other order within a chunk fails (both forms compute a chunk's
     root with the same function). The prenormalized row is residual stream 0 (post 0, identity
     comb, pre picking stream 0)."""
@@ -194,9 +189,8 @@ def test_norm_sums_each_chunk_by_the_contracts_tree(tp, hidden, split_rows):
             expected = torch.stack([pairwise_sum(squares[:, i * chunk:(i + 1) * chunk]) for i in range(chunks)], -1)
             for path in group.paths:
                 kernels = path.kernels["triton"]
-                words = kernels.root_slots.view(-1, kernels.root_stride)[:rows, :chunks]
-                roots = (words & 0xFFFFFFFF).to(torch.int32)
-                assert torch.equal(roots, expected.view(torch.int32))
+                roots = kernels.parked_roots.view(-1, chunks)[:rows]
+                assert torch.equal(roots.view(torch.int32), expected.view(torch.int32))
 
 
 def test_latency_form_bound_and_residency():
@@ -233,16 +227,3 @@ def test_local_calls_take_the_hinted_twins_in_their_window():
     assert launched == ["local_plain_split", "local_plain_split",  # the cooperative form: mix, then normalize
                         "local_quant", "local_plain_streamed", "local_finalize_plain", "local_finalize_plain_streamed",
                         "local_quant"]
-
-
-def test_cooperative_wait_for_the_tokens_own_roots_is_bounded():
-    """A token whose root slots disagree (as if one of its programs never ran) is not waited for
-    forever: the cooperative form records a timeout naming its own programs, and the call raises."""
-    group = SimulatedGroup(1, hidden_size=1408, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=1)
-    inputs = random_inputs(1, 1, 1408, HC, seed=7, top_k=TOP_K)
-    check_simulated(group, inputs, "plain", EPS)  # every slot of token 0 at epoch 1
-    kernels = group.paths[0].kernels["triton"]
-    kernels.root_slots[1] = 5 << 32  # chunk 1 of token 0 a few calls ahead
-    with pytest.raises(RuntimeError, match="waiting for the chunk roots of its own programs to token 0 of "
-                                           "generation 2; the GPU did not hold them at once"):
-        call_simulated(group, inputs, "plain", EPS)
