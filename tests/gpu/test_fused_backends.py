@@ -181,5 +181,5 @@ def test_auto_runs_each_call_on_its_routed_backend():
     if results[0] is None:
         pytest.skip("this machine's preset routes every M of H = 4096 to one backend")
     for backends, routed, failures in results:
-        assert backends == ("cute", "triton") and routed == ["cute", "triton"]
+        assert sorted(backends) == ["cute", "triton"] and routed == ["cute", "triton"]  # (in preference order)
         assert failures == []
