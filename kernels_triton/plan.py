@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from lamport_mhc.backend import LOCAL, BuildSpec
 
+from . import ptx
 from .consumer import (ALL_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY,
                        consumer_kernel)
-from . import ptx
 from .owner_reduce import owner_reduce_kernel
 from .publish import publish_kernel
 
@@ -135,7 +135,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 + ("_streamed" if streamed else ""))
                         plan[name] = KernelInstance(name, consumer_kernel, dict(
                             common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
-                            CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
+                            CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold,
+                            REDUCED=bt,
                             VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                             PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed),
                             CONSUMER_SIGNATURE, warps,
