@@ -30,7 +30,8 @@ def _group(tp, hidden, bt_min_rows=None):
 
 
 # Rows of one chunk (256, 384, 1024) and of several: 1408 = 3 x 512 (the last chunk half padding),
-# 2304 = 9 x 256 (more chunks than the local streaming form holds: it parks the row), 3072 = 3 x 1024
+# 2304 = 9 x 256 (more chunks than the local streaming form holds, which parks the row, and than a
+# cluster holds: no cooperative form), 3072 = 3 x 1024
 # and 7168 = 7 x 1024.
 @pytest.mark.parametrize("tp,hidden", [(1, 256), (2, 256), (3, 384), (4, 256), (8, 256), (2, 1024), (3, 1024),
                                        (1, 1408), (2, 1408), (5, 1408), (8, 1408), (1, 2304), (1, 3072), (3, 3072),
