@@ -107,18 +107,20 @@ def cluster_arrive(ON_GPU: tl.constexpr):
                                   is_pure=False, pack=1)
 
 
-def _exchange_asm() -> str:
-    """``exchange_in_cluster``'s PTX: outputs $0..$7 (the eight slots), inputs $8 value, $9 rank, $10 size."""
+def _exchange_asm(slots: int) -> str:
+    """``exchange_in_cluster``'s PTX: outputs $0..$7 (the slots, read as two 16-byte words), inputs
+    $8 value, $9 rank, $10 size."""
+    assert slots == 8, "the slots are read back as two ld.shared.v4"
     pushes = "".join(f"setp.gt.and.u32 q, $10, {target}, leader; @q mapa.shared::cluster.u32 remote, own, {target}; "
-                     f"@q st.shared::cluster.b32 [remote], $8; " for target in range(8))
-    return ("{ .shared .align 16 .b32 cluster_values[8]; .reg .pred leader, q; .reg .b32 own, remote, tid; "
+                     f"@q st.shared::cluster.b32 [remote], $8; " for target in range(slots))
+    return (f"{{ .shared .align 16 .b32 cluster_values[{slots}]; .reg .pred leader, q; .reg .b32 own, remote, tid; "
             "mov.u32 tid, %tid.x; setp.eq.u32 leader, tid, 0; mov.u32 own, cluster_values; mad.lo.u32 own, $9, 4, own; "
             "barrier.cluster.wait; " + pushes + "barrier.cluster.arrive.release; barrier.cluster.wait.acquire; "
             "ld.shared.v4.b32 {$0, $1, $2, $3}, [cluster_values]; "
             "ld.shared.v4.b32 {$4, $5, $6, $7}, [cluster_values+16]; }")
 
 
-EXCHANGE_ASM = tl.constexpr(_exchange_asm())
+EXCHANGE_ASM = tl.constexpr(_exchange_asm(MAX_CLUSTER.value))
 
 
 @triton.jit
