@@ -30,16 +30,25 @@ MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
 COOPERATIVE_PROGRAMS_PER_SM = 7
 
 
-def _launch_as_clusters(compiled, cluster: int) -> None:
-    """Have Triton's launcher start ``compiled`` in clusters of ``cluster`` consecutive CTAs. It
-    reads the cluster size from the kernel's packed metadata (num_warps, num_ctas, shared) and
-    multiplies the grid's x by it. The kernel is compiled with num_ctas = 1: compiled with more,
+# Dynamic shared memory a launch may take without the function's opt-in to more.
+DEFAULT_MAX_SHARED_BYTES = 48 * 1024
+
+
+def _set_launch_shape(compiled, cluster: int, parked_bytes: int) -> None:
+    """Have Triton's launcher start ``compiled`` in clusters of ``cluster`` consecutive CTAs, each
+    with ``parked_bytes`` of dynamic shared memory past what the compiled code takes. The launcher
+    reads both from the kernel's packed metadata (num_warps, num_ctas, shared) and multiplies the
+    grid's x by the cluster size. The kernel is compiled with num_ctas = 1: compiled with more,
     Triton would spread each program's tensors over the cluster's CTAs."""
     metadata = compiled.metadata
     if len(compiled.packed_metadata) != 3 or metadata.num_ctas != 1:
         raise RuntimeError(f"{metadata.name}: this Triton packs its launch metadata as "
                            f"{compiled.packed_metadata}, not (num_warps, num_ctas, shared)")
-    compiled.packed_metadata = (metadata.num_warps, cluster, metadata.shared)
+    shared = metadata.shared + parked_bytes
+    if parked_bytes and shared > DEFAULT_MAX_SHARED_BYTES:
+        raise RuntimeError(f"{metadata.name}: {shared} bytes of dynamic shared memory exceed the "
+                           f"{DEFAULT_MAX_SHARED_BYTES} a launch may take without an opt-in")
+    compiled.packed_metadata = (metadata.num_warps, cluster, shared)
 
 
 class TritonBackend:
@@ -114,7 +123,7 @@ class TritonKernels:
         else:
             if overrides:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
-            grid = (grid[0] // instance.cluster, *grid[1:])  # the launcher counts clusters (_launch_as_clusters)
+            grid = (grid[0] // instance.cluster, *grid[1:])  # the launcher counts clusters (_set_launch_shape)
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
@@ -139,8 +148,8 @@ class TritonKernels:
             args = [self._placeholder(arg, kind) for arg, kind in instance.signature.items()]
             compiled = instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
                                           launch_pdl=self.spec.use_pdl)
-            if instance.cluster > 1:
-                _launch_as_clusters(compiled, instance.cluster)
+            if instance.cluster > 1 or instance.parked_bytes:
+                _set_launch_shape(compiled, instance.cluster, instance.parked_bytes)
 
     def _placeholder(self, arg: str, kind: str):
         """An argument of the kind a real launch passes (scalars typed as at run time)."""

@@ -11,8 +11,11 @@ The norm's sum of squares stays the contract's adjacent-pair tree over the row p
 power of two: every chunk is an aligned subtree of it, so each chunk's own tree, and the chunk roots
 joined by the same tree (padded with +0 roots), give its bits; a taller tree only adds +0.0 at its
 root, which is exact for every sum of squares.
-- Streaming: between the two passes the prenormalized row waits in ``layer_out`` (its bf16 bits:
-  the contract rounds it there anyway).
+- Streaming: between the two passes the prenormalized row (its bf16 bits: the contract rounds it
+  there anyway) is held in registers (``HOLD``) or parked: on the GPU in the CTA's shared memory
+  (``PARKED_BYTES``, past Triton's own), under the interpreter in ``layer_out``. Parked in
+  ``layer_out``, a row waited there long enough (one program takes a token's whole row) to be
+  written back to HBM and read again: 10% more HBM bytes for the finalize at H = 7168.
 - Cooperative: a program keeps its prenormalized chunk in registers and exchanges chunk roots with
   the token's other programs, which are one cluster of CTAs (``plan.KernelInstance.cluster``): each
   stores its root into every CTA's shared memory, one cluster barrier, then each normalizes its own
@@ -81,12 +84,12 @@ def _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, ge
 @triton.jit
 def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
                layer_out_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, BLOCK_HC: tl.constexpr,
-               CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, STREAMED: tl.constexpr,
-               ON_GPU: tl.constexpr):
+               CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, PARKED_BYTES: tl.constexpr,
+               STREAMED: tl.constexpr, ON_GPU: tl.constexpr):
     """The first pass over one chunk: post-mix and store the streams; then (with the norm) collapse
     and return the prenormalized chunk's bf16 bits and the roots of its squares' tree's subtrees
     of a warp each (``subtree_roots``: the chunk's tree goes on across warps later), having parked
-    the chunk in ``layer_out`` if ``PARK`` (the second pass reads it back there).
+    the chunk (``_park``) if ``PARK``.
     The streams come as one [BLOCK_HC, CHUNK] tile, each thread holding all its rows, and the mix
     runs on the tile: as HC separate vectors with scalar weights, ptxas issued two of the streams'
     loads only when the mix reached them (a second memory latency), 1.3-1.5 us slower at M = 64-128
@@ -116,10 +119,28 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
             collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
         prenorm_bits = f32_to_bf16(collapsed, ON_GPU)
         if PARK:
-            tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
+            _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES)
         prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
         roots = subtree_roots(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK, PARTS)
     return roots, prenorm_bits
+
+
+@triton.jit
+def _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES: tl.constexpr):
+    """Park a prenormalized chunk for the second pass: in the CTA's shared memory where the plan
+    gives the row ``PARKED_BYTES`` there (``plan.KernelInstance.parked_bytes``), else in ``layer_out``."""
+    if PARKED_BYTES > 0:
+        ptx.store_shared_16b(2 * h - PARKED_BYTES, prenorm_bits)
+    else:
+        tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
+
+
+@triton.jit
+def _parked(token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES: tl.constexpr):
+    if PARKED_BYTES > 0:
+        return ptx.load_shared_16b(2 * h - PARKED_BYTES)
+    # Written by other threads of this program: read from L2, past this SM's L1.
+    return tl.load(layer_out_ptr + token * HIDDEN + h, mask=in_row, other=0, cache_modifier=".cg")
 
 
 @triton.jit
@@ -129,18 +150,22 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     COLS: tl.constexpr = HIDDEN // 32
     PADDED_COLS: tl.constexpr = (COLS + 3) // 4 * 4
     # Ordered as integers, bf16 magnitudes compare like the values; a NaN lane only counts when the
-    # whole block is NaN (max.bf16x2 / max.f32 return the number). Keyed as magnitude + 0x7F in 16
-    # bits, exactly the NaN magnitudes (above 0x7F80) wrap negative.
-    keyed = ((layer.to(tl.int32) & 0x7FFF) + 0x7F).to(tl.int16)
-    block_max = tl.max(tl.reshape(keyed, (CHUNK // 32, 32)), axis=1).to(tl.int32)
+    # whole block is NaN (max.bf16x2 / max.f32 return the number). Keyed as magnitude + 0x7F in the
+    # high 16 bits, exactly the NaN magnitudes (above 0x7F80) wrap negative. The low 16 bits carry
+    # the block's scale column, the same for its 32 lanes: the maximum brings it out in the layout
+    # of the scales, which are then stored as they are (a column computed apart would be laid out
+    # otherwise, and the scales would pass through shared memory, behind two barriers, to meet it).
+    keyed = (((layer.to(tl.int32) & 0x7FFF) + 0x7F) << 16) | (h // 32)
+    block = tl.max(tl.reshape(keyed, (CHUNK // 32, 32)), axis=1)
+    block_max = block >> 16
+    cols = block & 0xFFFF
     nan = tl.full([CHUNK // 32], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
     amax = tl.where(block_max < 0, nan, ((block_max - 0x7F) << 16).to(tl.float32, bitcast=True))
     scale = ue8m0_scale(amax)
     scaled = tl.reshape(bf16_to_f32(layer, ON_GPU), (CHUNK // 32, 32)) * inverse_scale(scale)[:, None]
     codes = tl.reshape(f32_to_e4m3(scaled, ON_GPU), (CHUNK,))
     tl.store(values_ptr + token * HIDDEN + h, codes, mask=h < HIDDEN)
-    cols = chunk * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
-    tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
+    ptx.store_byte(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale, cols < COLS, ON_GPU)
     # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into
     # one contiguous run per token.
     padding = (num_tokens + 127) // 128 * 128 - num_tokens
@@ -176,16 +201,14 @@ def _inverse_rms(roots, eps, HIDDEN: tl.constexpr, ROOTS: tl.constexpr):
 @triton.jit
 def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
                    HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-                   VARIANT: tl.constexpr, ON_GPU: tl.constexpr):
+                   VARIANT: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr):
     """The streaming form's second pass over the whole parked row, chunk by chunk (the other
     programs on the SM hide the latency)."""
     inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
-    row = layer_out_ptr + token * HIDDEN
     for chunk in range(CHUNKS):
         h = chunk * CHUNK + tl.arange(0, CHUNK)
         in_row = h < HIDDEN
-        # Written by other threads of this program: read from L2, past this SM's L1.
-        _normalize_chunk(tl.load(row + h, mask=in_row, other=0, cache_modifier=".cg"),
+        _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES),
                          tl.load(gamma_ptr + h, mask=in_row, other=0), inv_rms, token, num_tokens, chunk, h,
                          in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
 
@@ -196,7 +219,7 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, 
                 indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN: tl.constexpr, HC: tl.constexpr,
                 TP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr,
                 REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr, LOCAL: tl.constexpr,
-                PARK: tl.constexpr, STREAMED: tl.constexpr, ON_GPU: tl.constexpr):
+                PARK: tl.constexpr, PARKED_BYTES: tl.constexpr, STREAMED: tl.constexpr, ON_GPU: tl.constexpr):
     """The first pass over chunk ``chunk`` of the token: its reduced row (the contribution itself, or
     the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``."""
     h = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -212,7 +235,7 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, 
         reduced = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity,
                                  TP, HIDDEN, REDUCED, ON_GPU)
     return _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
-                      layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, STREAMED, ON_GPU)
+                      layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, PARKED_BYTES, STREAMED, ON_GPU)
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
@@ -245,7 +268,7 @@ def consumer_kernel(
     BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
-    STREAMED: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
+    STREAMED: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
     tl.static_assert(SPLIT <= ptx.MAX_CLUSTER, "a token's programs are one cluster")
@@ -326,7 +349,7 @@ def consumer_kernel(
                 residual0, part, token, tile_rows, in_streams, post, comb_bits,
                 pre_bits, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
                 x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
-                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, STREAMED,
+                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, 0, STREAMED,
                 ON_GPU)
             root = pairwise_sum(parts, PARTS)
         else:
@@ -338,7 +361,7 @@ def consumer_kernel(
                         None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, STREAMED, ON_GPU)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, 0, STREAMED, ON_GPU)
                     held = held + (prenorm,)
                     # (Joined across warps now: deferred, ptxas hoists the next chunk's loads and
                     # the held row spills.)
@@ -352,7 +375,8 @@ def consumer_kernel(
                         None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, STREAMED, ON_GPU)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED,
+                        ON_GPU)
                     part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
                 roots = pairwise_columns(part_roots, PARTS, ROOTS)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
@@ -371,7 +395,7 @@ def consumer_kernel(
             else:
                 tl.debug_barrier()  # the parked row, written by every thread, is read by every thread
                 _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, ON_GPU)
+                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, PARKED_BYTES, ON_GPU)
 
     if NORMALIZE & COOPERATIVE:
         h = part * CHUNK + c

@@ -77,6 +77,20 @@ HELD_NARROW_CHUNKS = 4
 HELD_MAX_REGISTERS = 96
 
 
+# The streaming consumers that do not hold their row park it between the two passes in the CTA's
+# shared memory on the GPU (``ptx.store_shared_16b``), up to this many bytes a row (H = 16384),
+# and otherwise in ``layer_out``, where it may be written back to HBM and read again before its
+# second pass (the interpreter always parks there). Within Triton's default 48 KB of dynamic
+# shared memory, so no launch needs the opt-in to more.
+SHARED_PARK_MAX_BYTES = 32 * 1024
+
+
+def parked_row_bytes(chunk: int, chunks: int, on_gpu: bool) -> int:
+    """Shared-memory bytes a streaming consumer parks its row in (0: it parks in ``layer_out``)."""
+    row_bytes = 2 * chunk * chunks
+    return row_bytes if on_gpu and row_bytes <= SHARED_PARK_MAX_BYTES else 0
+
+
 @dataclass(frozen=True)
 class KernelInstance:
     name: str            # file-name friendly: kernel, protocol and variant
@@ -86,6 +100,7 @@ class KernelInstance:
     num_warps: int
     max_registers: int | None = None  # per thread (ptxas's maxnreg); None: the compiler's choice
     cluster: int = 1     # CTAs per cluster of the GPU launch (a program per CTA, consecutive ranks)
+    parked_bytes: int = 0  # dynamic shared memory the launch adds to the compiled kernel's (the parked row)
 
     @property
     def options(self) -> dict:
@@ -130,6 +145,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                     local_streaming = split == 1 and protocol == LOCAL
                     hold = (local_streaming and publish.value == PUBLISH_X.value and variant != "residual"
                             and chunks <= HELD_MAX_CHUNKS)
+                    parks = split == 1 and not hold and variant != "residual"
+                    parked_bytes = parked_row_bytes(chunk, chunks, on_gpu) if parks else 0
                     for streamed in (False, True) if local_streaming else (False,):
                         name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "")
                                 + ("_streamed" if streamed else ""))
@@ -138,10 +155,11 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                             CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold,
                             REDUCED=bt,
                             VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
-                            PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed),
+                            PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
+                            PARKED_BYTES=parked_bytes),
                             CONSUMER_SIGNATURE, warps,
                             HELD_MAX_REGISTERS if hold and chunks > HELD_NARROW_CHUNKS else
                             LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,
                             # Only a cooperative form that normalizes exchanges chunk roots.
-                            split if split > 1 and variant != "residual" else 1)
+                            split if split > 1 and variant != "residual" else 1, parked_bytes)
     return plan

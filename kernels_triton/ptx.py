@@ -93,6 +93,46 @@ def e4m3_rn(v):
         "=r,r,r,r,r", args=[v], dtype=tl.uint8, is_pure=True, pack=4)
 
 
+# The streaming consumers park their prenormalized row at the end of the CTA's dynamic shared
+# memory: the launcher adds its bytes to what Triton's own code takes (at the start, from
+# ``global_smem``), and the offsets here count back from the end (``%dynamic_smem_size``).
+_END_OF_SHARED = ("{ .reg .b32 a, b; mov.u32 a, %dynamic_smem_size; mov.u32 b, global_smem; add.u32 a, a, b; "
+                  "add.u32 a, a, $4; ")
+STORE_SHARED_ASM = tl.constexpr(_END_OF_SHARED + "st.shared.v4.b32 [a], {$12, $13, $14, $15}; "
+                                "mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; }")
+LOAD_SHARED_ASM = tl.constexpr(_END_OF_SHARED + "ld.shared.v4.b32 {$0, $1, $2, $3}, [a]; }")
+
+
+@triton.jit
+def store_shared_16b(offset_from_end, bits):
+    """One ``st.shared.v4`` per thread and 8 consecutive int16 ``bits`` (operands $12-$15), at the
+    byte ``offset_from_end`` (int32, negative) of the first of them ($4). GPU only."""
+    tl.inline_asm_elementwise(STORE_SHARED_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r",
+                              args=[offset_from_end, bits], dtype=tl.int16, is_pure=False, pack=8)
+
+
+@triton.jit
+def load_shared_16b(offset_from_end):
+    """The int16 values ``store_shared_16b`` left at ``offset_from_end``: one ``ld.shared.v4`` per
+    8. GPU only."""
+    return tl.inline_asm_elementwise(LOAD_SHARED_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", args=[offset_from_end],
+                                     dtype=tl.int16, is_pure=False, pack=8)
+
+
+@triton.jit
+def store_byte(ptrs, values, mask, ON_GPU: tl.constexpr):
+    """``values`` (int32, low byte) at ``ptrs`` (uint8) where ``mask``, in the layout they come in:
+    ``st.global.b8`` as an elementwise op. A ``tl.store`` would first move a reduction's result
+    (one value a group of lanes) to a coalesced layout, through shared memory and behind two
+    barriers; here the lanes of a group store the same byte."""
+    if ON_GPU:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b8 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r,r", args=[ptrs, values, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(ptrs, values.to(tl.uint8), mask=mask)
+
+
 # A token's cooperative programs are one cluster of at most this many CTAs (the portable cluster size).
 MAX_CLUSTER = tl.constexpr(8)
 
