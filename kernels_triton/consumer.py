@@ -150,22 +150,18 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     COLS: tl.constexpr = HIDDEN // 32
     PADDED_COLS: tl.constexpr = (COLS + 3) // 4 * 4
     # Ordered as integers, bf16 magnitudes compare like the values; a NaN lane only counts when the
-    # whole block is NaN (max.bf16x2 / max.f32 return the number). Keyed as magnitude + 0x7F in the
-    # high 16 bits, exactly the NaN magnitudes (above 0x7F80) wrap negative. The low 16 bits carry
-    # the block's scale column, the same for its 32 lanes: the maximum brings it out in the layout
-    # of the scales, which are then stored as they are (a column computed apart would be laid out
-    # otherwise, and the scales would pass through shared memory, behind two barriers, to meet it).
-    keyed = (((layer.to(tl.int32) & 0x7FFF) + 0x7F) << 16) | (h // 32)
-    block = tl.max(tl.reshape(keyed, (CHUNK // 32, 32)), axis=1)
-    block_max = block >> 16
-    cols = block & 0xFFFF
+    # whole block is NaN (max.bf16x2 / max.f32 return the number). Keyed as magnitude + 0x7F in 16
+    # bits, exactly the NaN magnitudes (above 0x7F80) wrap negative.
+    keyed = ((layer.to(tl.int32) & 0x7FFF) + 0x7F).to(tl.int16)
+    block_max = tl.max(tl.reshape(keyed, (CHUNK // 32, 32)), axis=1).to(tl.int32)
     nan = tl.full([CHUNK // 32], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
     amax = tl.where(block_max < 0, nan, ((block_max - 0x7F) << 16).to(tl.float32, bitcast=True))
     scale = ue8m0_scale(amax)
     scaled = tl.reshape(bf16_to_f32(layer, ON_GPU), (CHUNK // 32, 32)) * inverse_scale(scale)[:, None]
     codes = tl.reshape(f32_to_e4m3(scaled, ON_GPU), (CHUNK,))
     tl.store(values_ptr + token * HIDDEN + h, codes, mask=h < HIDDEN)
-    ptx.store_byte(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale, cols < COLS, ON_GPU)
+    cols = chunk * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
+    tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
     # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into
     # one contiguous run per token.
     padding = (num_tokens + 127) // 128 * 128 - num_tokens

@@ -119,20 +119,6 @@ def load_shared_16b(offset_from_end):
                                      dtype=tl.int16, is_pure=False, pack=8)
 
 
-@triton.jit
-def store_byte(ptrs, values, mask, ON_GPU: tl.constexpr):
-    """``values`` (int32, low byte) at ``ptrs`` (uint8) where ``mask``, in the layout they come in:
-    ``st.global.b8`` as an elementwise op. A ``tl.store`` would first move a reduction's result
-    (one value a group of lanes) to a coalesced layout, through shared memory and behind two
-    barriers; here the lanes of a group store the same byte."""
-    if ON_GPU:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b8 [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,r", args=[ptrs, values, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.store(ptrs, values.to(tl.uint8), mask=mask)
-
-
 # A token's cooperative programs are one cluster of at most this many CTAs (the portable cluster size).
 MAX_CLUSTER = tl.constexpr(8)
 

@@ -64,13 +64,13 @@ H200_TP2 = "bench/results/h200_tp2.csv"
 PRESETS: dict[tuple[str, int, int], Preset] = {
     ("hopper", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((256, "triton"), (8192, "cute"),),
-                "finalize": ((100, "triton"), (128, "cute"), (256, "triton"), (8192, "cute"),),
+        routes={"plain": ((8192, "triton"),),
+                "finalize": ((100, "triton"), (128, "cute"), (8192, "triton"),),
                 "quant": ((128, "triton"), (8192, "cute"),)}),
     ("hopper", 1, 5120): Preset(
-        bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("cute", "triton"), source=H200_TP1,
+        bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
         routes={"plain": ((8192, "cute"),),
-                "finalize": ((256, "triton"), (8192, "cute"),),
+                "finalize": ((8192, "triton"),),
                 "quant": ((64, "triton"), (8192, "cute"),)}),
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("cute", "triton"), source=H200_TP1,

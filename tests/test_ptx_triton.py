@@ -2,11 +2,13 @@
 PTX shows what the protocol and the bit contract need."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from lamport_mhc.backend import BuildSpec
 from kernels_triton import plan
+from kernels_triton.backend import _set_launch_shape
 from kernels_triton.offline import compile_ptx
 
 # The module's builds are shared fixtures: its tests run on one xdist worker (``--dist loadgroup``),
@@ -190,6 +192,58 @@ def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
         assert text.count("barrier.cluster.wait;") == 1, name
         assert (text.index("barrier.cluster.wait;") < text.index("st.shared::cluster")
                 < text.index("barrier.cluster.arrive.release;")), name
+
+
+def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
+    """Every consumer that parks its prenormalized row between its passes (one program a token, the
+    row not held, not residual-only) stores it at the end of its dynamic shared memory and reads it
+    back there, 16 bytes at a time, and the plan has its launch add the row's bytes; no kernel reads
+    a parked row back from global memory, and no other kernel touches that part of shared memory."""
+    tp, hidden, ptx = chunked
+    chunk, chunks = plan.row_chunks(hidden)
+    spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
+                     ll_one_kernel_rows=64 if tp > 1 else 0)
+    instances = plan.kernel_plan(spec)
+    parking = set()
+    for name, text in ptx.items():
+        constexprs = instances[name].constexprs
+        parks = ("SPLIT" in constexprs and constexprs["SPLIT"] == 1 and not constexprs["HOLD"]
+                 and "_residual" not in name)
+        parking |= {name} if parks else set()
+        assert instances[name].parked_bytes == constexprs.get("PARKED_BYTES", 0) == (2 * chunk * chunks if parks else 0), name
+        assert bool(_ops(text, r"st\.shared\.v4\.b32 \[a\]")) == parks == bool(_ops(text, r"ld\.shared\.v4\.b32 \{[^}]+\}, \[a\]"))
+        assert ("%dynamic_smem_size" in text) == parks, name
+        assert not _ops(text, r"ld\.global\.cg"), name
+    assert parking, "every build has a streaming consumer that parks"
+
+
+def test_rows_park_in_shared_memory_on_the_gpu_only_up_to_its_bound():
+    assert plan.parked_row_bytes(1024, 7, on_gpu=True) == 14336
+    assert plan.parked_row_bytes(1024, 16, on_gpu=True) == plan.SHARED_PARK_MAX_BYTES
+    assert plan.parked_row_bytes(1024, 17, on_gpu=True) == 0  # parked in layer_out
+    assert plan.parked_row_bytes(1024, 7, on_gpu=False) == 0  # the interpreter parks in layer_out
+    spec = BuildSpec(hidden=7168, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
+    assert all(instance.parked_bytes == instance.constexprs["PARKED_BYTES"] == 0
+               for instance in plan.kernel_plan(spec, on_gpu=False).values())
+
+
+def test_launch_shape_adds_the_parked_row_to_the_kernels_shared_memory():
+    def compiled(shared):
+        metadata = SimpleNamespace(name="consumer_kernel", num_warps=4, num_ctas=1, shared=shared)
+        return SimpleNamespace(metadata=metadata, packed_metadata=(4, 1, shared))
+
+    kernel = compiled(1040)
+    _set_launch_shape(kernel, 1, 14336)
+    assert kernel.packed_metadata == (4, 1, 1040 + 14336)
+    kernel = compiled(0)
+    _set_launch_shape(kernel, 7, 0)
+    assert kernel.packed_metadata == (4, 7, 0)
+    with pytest.raises(RuntimeError, match="opt-in"):
+        _set_launch_shape(compiled(20000), 1, plan.SHARED_PARK_MAX_BYTES)
+    stale = compiled(0)
+    stale.packed_metadata = (4, 1, 0, 0)
+    with pytest.raises(RuntimeError, match="packs its launch metadata"):
+        _set_launch_shape(stale, 2, 0)
 
 
 def test_streamed_twins_hint_what_passes_once(chunked):

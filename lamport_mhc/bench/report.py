@@ -117,6 +117,9 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
             subjects = {_note_key(n) for n in notes}
             subjects |= {(h, f"{TIME_BUDGET} H={h}") for h in args.hidden}
             notes = [n for n in json.loads(old_notes.read_text()) if _note_key(n) not in subjects] + notes
+        else:
+            print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
+                  "run's notes", flush=True)
     rows = [{k: r.get(k, HC if k == "hc" else None) for k in COLUMNS} for r in rows]
     rows = sorted(with_speedups(rows), key=lambda r: (r["hc"], r["hidden"], r["variant"], r["m"], r["path"]))
     notes = sorted(notes, key=lambda n: (n["hidden"] is not None, n["hidden"] or 0))  # stable within a size

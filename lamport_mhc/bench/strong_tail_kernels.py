@@ -122,10 +122,8 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
             tl.store(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8))
         else:
             tl.store(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv))
-        # The block's column out of a reduction as well: in the scales' layout, stored as they are
-        # (not moved through shared memory to a store's layout, behind two barriers).
-        col = tl.max(h, axis=1) // 32
-        ptx.store_byte(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u, col >= 0, not INTERPRETED)
+        col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
+        tl.store(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8))
 
 
 @triton.jit
