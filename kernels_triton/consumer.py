@@ -137,6 +137,7 @@ def _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, P
 
 @triton.jit
 def _parked(token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES: tl.constexpr):
+    """The chunk ``_park`` left (behind a barrier: other threads of the program may have stored it)."""
     if PARKED_BYTES > 0:
         return ptx.load_shared_16b(2 * h - PARKED_BYTES)
     # Written by other threads of this program: read from L2, past this SM's L1.
