@@ -346,7 +346,8 @@ def consumer_kernel(
                 residual0, part, token, tile_rows, in_streams, post, comb_bits,
                 pre_bits, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
                 x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
-                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, 0, STREAMED,
+                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, PARKED_BYTES,
+                STREAMED,
                 ON_GPU)
             root = pairwise_sum(parts, PARTS)
         else:
@@ -358,7 +359,7 @@ def consumer_kernel(
                         None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, 0, STREAMED, ON_GPU)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, PARKED_BYTES, STREAMED, ON_GPU)
                     held = held + (prenorm,)
                     # (Joined across warps now: deferred, ptxas hoists the next chunk's loads and
                     # the held row spills.)
@@ -372,8 +373,7 @@ def consumer_kernel(
                         None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED,
-                        ON_GPU)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU)
                     part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
                 roots = pairwise_columns(part_roots, PARTS, ROOTS)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):

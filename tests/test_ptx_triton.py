@@ -135,12 +135,16 @@ def test_no_pdl_build_has_no_griddepcontrol():
         assert "griddepcontrol" not in text, name
 
 
-@pytest.fixture(scope="module", params=[(2, 384), (2, 1408), (3, 5120), (1, 4096), (1, 7168), (1, 9216)], ids=lambda p: f"tp{p[0]}-h{p[1]}")
+def _chunked_spec(tp: int, hidden: int) -> BuildSpec:
+    return BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
+                     ll_one_kernel_rows=64 if tp > 1 else 0)
+
+
+@pytest.fixture(scope="module", params=[(2, 384), (2, 1408), (3, 5120), (1, 4096), (1, 7168), (1, 9216)],
+                ids=lambda p: f"tp{p[0]}-h{p[1]}")
 def chunked(request):
     tp, hidden = request.param
-    spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
-                     ll_one_kernel_rows=64 if tp > 1 else 0)
-    return tp, hidden, compile_ptx(spec, "sm_90a")
+    return tp, hidden, compile_ptx(_chunked_spec(tp, hidden), "sm_90a")
 
 
 def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
@@ -175,9 +179,7 @@ def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
     touches a cluster barrier, and none polls for roots in global memory."""
     tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
-    spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
-                     ll_one_kernel_rows=64 if tp > 1 else 0)
-    instances = plan.kernel_plan(spec)
+    instances = plan.kernel_plan(_chunked_spec(tp, hidden))
     assert any(n.endswith("_split") for n in ptx) == (1 < chunks <= 8)
     for name, text in ptx.items():
         exchanges = name.endswith("_split") and "_residual" not in name
@@ -201,17 +203,17 @@ def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
     a parked row back from global memory, and no other kernel touches that part of shared memory."""
     tp, hidden, ptx = chunked
     chunk, chunks = plan.row_chunks(hidden)
-    spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
-                     ll_one_kernel_rows=64 if tp > 1 else 0)
-    instances = plan.kernel_plan(spec)
-    parking = set()
+    instances = plan.kernel_plan(_chunked_spec(tp, hidden))
+    parking = []
     for name, text in ptx.items():
         constexprs = instances[name].constexprs
-        parks = ("SPLIT" in constexprs and constexprs["SPLIT"] == 1 and not constexprs["HOLD"]
-                 and "_residual" not in name)
-        parking |= {name} if parks else set()
-        assert instances[name].parked_bytes == constexprs.get("PARKED_BYTES", 0) == (2 * chunk * chunks if parks else 0), name
-        assert bool(_ops(text, r"st\.shared\.v4\.b32 \[a\]")) == parks == bool(_ops(text, r"ld\.shared\.v4\.b32 \{[^}]+\}, \[a\]"))
+        parks = constexprs.get("SPLIT") == 1 and not constexprs["HOLD"] and "_residual" not in name
+        if parks:
+            parking.append(name)
+        expected_bytes = 2 * chunk * chunks if parks else 0
+        assert instances[name].parked_bytes == constexprs.get("PARKED_BYTES", 0) == expected_bytes, name
+        assert bool(_ops(text, r"st\.shared\.v4\.b32 \[a\]")) == parks, name
+        assert bool(_ops(text, r"ld\.shared\.v4\.b32 \{[^}]+\}, \[a\]")) == parks, name
         assert ("%dynamic_smem_size" in text) == parks, name
         assert not _ops(text, r"ld\.global\.cg"), name
     assert parking, "every build has a streaming consumer that parks"
