@@ -16,7 +16,7 @@ from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
-from .plan import cooperative_split, kernel_plan, row_chunks
+from .plan import HELD_MIN_ROWS, cooperative_split, kernel_plan, row_chunks
 
 PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
                "both": ALL_PHASES.value}
@@ -89,6 +89,8 @@ class TritonKernels:
         self.split_rows = self._split_rows()
         # Local calls in STREAMED_ROWS that move at least the L2's bytes take the hinted twins.
         self.streamed_rows = STREAMED_ROWS
+        # Local calls of at least this many rows take the held twins, where the plan has them.
+        self.held_rows = HELD_MIN_ROWS
         self.l2_bytes = None if interpret else properties.L2_cache_size
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
@@ -128,11 +130,13 @@ class TritonKernels:
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
                          streamed: bool = False):
-        """One launch of ``m * split`` programs (a token's adjacent); a streaming form with
-        ``streamed`` by its hinted twin. The interpreter, which runs programs one after another, runs
-        a cooperative form's normalize as a second launch, once every program has left its chunk root."""
+        """One launch of ``m * split`` programs (a token's adjacent); a streaming form by its held
+        twin from ``held_rows`` rows, else with ``streamed`` by its hinted twin. The interpreter,
+        which runs programs one after another, runs a cooperative form's normalize as a second
+        launch, once every program has left its chunk root."""
         split = self._split(m, waits_for_twins)
-        name += "_split" if split > 1 else "_streamed" if streamed else ""
+        held = m >= self.held_rows and f"{name}_held" in self.plan
+        name += "_split" if split > 1 else "_held" if held else "_streamed" if streamed else ""
         if not self.interpret:
             if phases != "both":
                 raise ValueError(f"{name}: a compiled kernel runs all its phases in one launch, got {phases!r}")

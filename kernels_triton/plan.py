@@ -64,17 +64,26 @@ def cooperative_split(chunks: int) -> int | None:
 LOCAL_STREAMING_MAX_REGISTERS = 64
 
 
-# The local streaming consumers of x (not the finalize, whose gather bounds it) hold the
-# prenormalized row in registers instead of parking it in layer_out and reading it back: rows of up
-# to HELD_MAX_CHUNKS chunks, capped at HELD_MAX_REGISTERS (5 programs per SM), or at the parked cap
-# for rows of at most HELD_NARROW_CHUNKS chunks (8 programs per SM); no spill at H = 4096, 5120,
-# 7168 (ptxas -v). One H200, tp = 1, M = 1024 / 4096, against the parked row: plain 42.4 / 150.8 us
-# against 45.0 / 170.6 at H = 7168, quant 166.7 against 188.7 at 4096; at H = 4096, 64 registers
-# 24.7 / 87.5 against 27.8 / 92.7 at 96 (at 5120, 80 instead of 96 won nothing). The finalize lost
-# (180 against 159 us at 4096, H = 5120), and so did 8 warps per 1024-wide chunk (8-byte accesses).
+# The local streaming consumers of x (not the finalize, whose gather bounds it) may hold the
+# prenormalized row in registers instead of parking it: rows of up to HELD_MAX_CHUNKS chunks, capped
+# at HELD_MAX_REGISTERS (5 programs per SM), or at the parked cap for rows of at most
+# HELD_NARROW_CHUNKS chunks (8 programs per SM); no spill at H = 4096, 5120, 7168 (ptxas -v). One
+# H200, tp = 1, M = 1024 / 4096, against the row parked in layer_out: plain 42.4 / 150.8 us against
+# 45.0 / 170.6 at H = 7168, quant 166.7 against 188.7 at 4096; at H = 4096, 64 registers 24.7 / 87.5
+# against 27.8 / 92.7 at 96 (at 5120, 80 instead of 96 won nothing). The finalize lost (180 against
+# 159 us at 4096, H = 5120), and so did 8 warps per 1024-wide chunk (8-byte accesses).
 HELD_MAX_CHUNKS = 7
 HELD_NARROW_CHUNKS = 4
 HELD_MAX_REGISTERS = 96
+
+# Rows of more than HELD_NARROW_CHUNKS chunks park in shared memory at 64 registers (8 programs per
+# SM) below HELD_MIN_ROWS rows and are held by the ``_held`` twin (5 per SM) from there: the held
+# form runs fewer instructions a row, but in few waves its last one leaves SMs idle. One H200, tp = 1,
+# CUDA graphs, parked against held, us: H = 5120 plain M = 512 / 2048 / 4096 / 6144 / 8192: 14.6 /
+# 55.5 / 106.6 / 157.5 / 208.7 against 15.2 / 58.4 / 107.6 / 156.7 / 206.1; quant 2048 / 8192: 61.1 /
+# 225.5 against 63.1 / 223.2; H = 7168 plain 2048 / 4096 / 8192: 77.1 / 148.8 / 294.6 against 82.0 /
+# 150.7 / 289.3. (Parked rows of four chunks lost: quant M = 1024 26.2 against 25.6 at H = 4096.)
+HELD_MIN_ROWS = 5120
 
 
 # The streaming consumers that do not hold their row park it between the two passes in the CTA's
@@ -89,6 +98,16 @@ def parked_row_bytes(chunk: int, chunks: int, on_gpu: bool) -> int:
     """Shared-memory bytes a streaming consumer parks its row in (0: it parks in ``layer_out``)."""
     row_bytes = 2 * chunk * chunks
     return row_bytes if on_gpu and row_bytes <= SHARED_PARK_MAX_BYTES else 0
+
+
+def _row_forms(may_hold: bool, chunks: int) -> tuple[tuple[bool, str], ...]:
+    """(HOLD, name suffix) of each form a streaming consumer is built in: parked; held; or, for rows
+    of more than HELD_NARROW_CHUNKS chunks, parked and a ``_held`` twin."""
+    if not may_hold or chunks > HELD_MAX_CHUNKS:
+        return ((False, ""),)
+    if chunks <= HELD_NARROW_CHUNKS:
+        return ((True, ""),)
+    return (False, ""), (True, "_held")
 
 
 @dataclass(frozen=True)
@@ -117,7 +136,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
     ``local_finalize_plain``). Each consumer whose row has 2 to ``ptx.MAX_CLUSTER`` chunks also has
     a ``_split`` twin that spreads a token over a cluster of one program per chunk (the cooperative
     form); each local streaming consumer a ``_streamed`` twin with cache hints
-    (``traffic.STREAMED_ROWS``)."""
+    (``traffic.STREAMED_ROWS``), and those of x with rows of 5-7 chunks a ``_held`` twin for calls
+    of at least ``HELD_MIN_ROWS`` rows."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)
@@ -143,23 +163,24 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
             for variant in spec.variants:
                 for split in sorted({1, cooperative_split(chunks) or 1}):
                     local_streaming = split == 1 and protocol == LOCAL
-                    hold = (local_streaming and publish.value == PUBLISH_X.value and variant != "residual"
-                            and chunks <= HELD_MAX_CHUNKS)
-                    parks = split == 1 and not hold and variant != "residual"
-                    parked_bytes = parked_row_bytes(chunk, chunks, on_gpu) if parks else 0
-                    for streamed in (False, True) if local_streaming else (False,):
-                        name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "")
-                                + ("_streamed" if streamed else ""))
-                        plan[name] = KernelInstance(name, consumer_kernel, dict(
-                            common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k, BLOCK_HC=_pow2_at_least(spec.hc),
-                            CHUNK=chunk, CHUNKS=chunks, ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold,
-                            REDUCED=bt,
-                            VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
-                            PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
-                            PARKED_BYTES=parked_bytes),
-                            CONSUMER_SIGNATURE, warps,
-                            HELD_MAX_REGISTERS if hold and chunks > HELD_NARROW_CHUNKS else
-                            LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,
-                            # Only a cooperative form that normalizes exchanges chunk roots.
-                            split if split > 1 and variant != "residual" else 1, parked_bytes)
+                    for hold, twin in _row_forms(local_streaming and publish.value == PUBLISH_X.value
+                                                 and variant != "residual", chunks):
+                        parks = split == 1 and not hold and variant != "residual"
+                        parked_bytes = parked_row_bytes(chunk, chunks, on_gpu) if parks else 0
+                        # The held twin runs from HELD_MIN_ROWS rows, past the hinted window.
+                        for streamed in (False, True) if local_streaming and not twin else (False,):
+                            name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "") + twin
+                                    + ("_streamed" if streamed else ""))
+                            plan[name] = KernelInstance(name, consumer_kernel, dict(
+                                common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k,
+                                BLOCK_HC=_pow2_at_least(spec.hc), CHUNK=chunk, CHUNKS=chunks,
+                                ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
+                                VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
+                                PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
+                                PARKED_BYTES=parked_bytes),
+                                CONSUMER_SIGNATURE, warps,
+                                HELD_MAX_REGISTERS if hold and chunks > HELD_NARROW_CHUNKS else
+                                LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,
+                                # Only a cooperative form that normalizes exchanges chunk roots.
+                                split if split > 1 and variant != "residual" else 1, parked_bytes)
     return plan

@@ -164,12 +164,13 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
             assert "griddepcontrol.wait" in text, name
     # Rows of 2-8 chunks also build the latency form of every consumer.
     consumers = {n for n in names
-                 if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith(("_split", "_streamed"))}
+                 if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith(("_split", "_streamed", "_held"))}
     cooperative = 1 < chunks <= 8  # a token's programs are one cluster
     assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if cooperative else set())
     if tp == 1:
         assert names == {f"local{f}_plain{twin}" for f in ("", "_finalize") for twin in ("", "_streamed")} | (
-            {"local_plain_split", "local_finalize_plain_split"} if cooperative else set())
+            {"local_plain_split", "local_finalize_plain_split"} if cooperative else set()) | (
+            {"local_plain_held"} if plan.HELD_NARROW_CHUNKS < chunks <= plan.HELD_MAX_CHUNKS else set())
 
 
 def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
@@ -261,7 +262,8 @@ def test_streamed_twins_hint_what_passes_once(chunked):
         if streamed:
             assert name.removesuffix("_streamed") in ptx, name
     assert {n.removesuffix("_streamed") for n in ptx if n.endswith("_streamed")} == (
-        {n for n in ptx if n.startswith("local") and not n.endswith(("_split", "_streamed"))} if tp == 1 else set())
+        {n for n in ptx if n.startswith("local") and not n.endswith(("_split", "_streamed", "_held"))} if tp == 1
+        else set())
 
 
 def test_quant_converts_with_flashinfers_instruction(build):
@@ -277,15 +279,20 @@ def test_quant_converts_with_flashinfers_instruction(build):
 
 
 def test_only_local_streaming_consumers_cap_registers(chunked):
-    """Parking the row: 64 registers; holding it (x, rows of five to seven chunks): 96."""
-    _, hidden, ptx = chunked
+    """Parking the row, or holding it in a row of up to four chunks: 64 registers; the held twin of
+    the consumer of x (rows of five to seven chunks): 96. The held forms hold and nothing else does."""
+    tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
+    instances = plan.kernel_plan(_chunked_spec(tp, hidden))
+    narrow = chunks <= plan.HELD_NARROW_CHUNKS
     for name, text in ptx.items():
         streaming = name.startswith("local") and not name.endswith("_split")
-        held = (streaming and not name.startswith("local_finalize")
-                and plan.HELD_NARROW_CHUNKS < chunks <= plan.HELD_MAX_CHUNKS)
-        assert (".maxnreg 64" in text) == (streaming and not held), name
-        assert (".maxnreg 96" in text) == held, name
+        held_twin = name.endswith("_held")
+        assert held_twin == (name == "local_plain_held" and plan.HELD_NARROW_CHUNKS < chunks <= plan.HELD_MAX_CHUNKS)
+        assert instances[name].constexprs.get("HOLD", False) == (held_twin or (narrow and streaming
+                                                                     and not name.startswith("local_finalize"))), name
+        assert (".maxnreg 64" in text) == (streaming and not held_twin), name
+        assert (".maxnreg 96" in text) == held_twin, name
 
 
 def test_bf16_rounding_is_one_conversion_a_pair(build):

@@ -9,7 +9,7 @@ from lamport_mhc import SimulatedGroup
 from lamport_mhc.paths import FusedPath
 from lamport_mhc.testing import assert_outputs_match, call_simulated, check_simulated, random_inputs
 from lamport_mhc.traffic import STREAMED_ROWS
-from kernels_triton.plan import row_chunks
+from kernels_triton.plan import HELD_MIN_ROWS, row_chunks
 
 EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps
 
@@ -228,3 +228,22 @@ def test_local_calls_take_the_hinted_twins_in_their_window():
     assert launched == ["local_plain_split", "local_plain_split",  # the cooperative form: mix, then normalize
                         "local_quant", "local_plain_streamed", "local_finalize_plain", "local_finalize_plain_streamed",
                         "local_quant"]
+
+
+def test_local_calls_of_many_rows_take_the_held_twins():
+    """Rows of five to seven chunks: local calls of x of at least ``held_rows`` rows run the ``_held``
+    twin (the row in registers), smaller calls the parked form; the finalize always parks. The bits
+    are the reference's either way."""
+    hidden = 2560
+    assert row_chunks(hidden) == (512, 5)
+    group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
+                           quantize_layer_input=True, split_rows=1)
+    kernels = group.paths[0].kernels["triton"]
+    assert kernels.held_rows == HELD_MIN_ROWS > STREAMED_ROWS[1]  # no call would want both twins
+    kernels.held_rows = 3
+    launched = []
+    launch = kernels._launch
+    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    for m, variant in ((2, "plain"), (3, "plain"), (4, "quant"), (3, "finalize")):
+        check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
+    assert launched == ["local_plain", "local_plain_held", "local_quant_held", "local_finalize_plain"]
