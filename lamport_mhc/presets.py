@@ -69,14 +69,14 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
                 "quant": ((128, "triton"), (8192, "cute"),)}),
     ("hopper", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((8192, "cute"),),
+        routes={"plain": ((128, "cute"), (8192, "triton"),),
                 "finalize": ((8192, "triton"),),
-                "quant": ((64, "triton"), (8192, "cute"),)}),
+                "quant": ((32, "triton"), (8192, "cute"),)}),
     ("hopper", 1, 7168): Preset(
-        bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("cute", "triton"), source=H200_TP1,
-        routes={"plain": ((8192, "cute"),),
+        bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
+        routes={"plain": ((128, "cute"), (8192, "triton"),),
                 "finalize": ((128, "triton"), (8192, "cute"),),
-                "quant": ((64, "triton"), (100, "cute"), (128, "triton"), (8192, "cute"),)}),
+                "quant": ((64, "triton"), (100, "cute"), (256, "triton"), (8192, "cute"),)}),
     ("hopper", 2, 4096): Preset(
         bt_min_rows=4, bt_min_finalize_rows=32, backends=("cute", "triton"), source=H200_TP2,
         routes={"plain": ((128, "cute"), (256, "triton"), (8192, "cute"),),
