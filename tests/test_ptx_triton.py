@@ -164,7 +164,8 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
             assert "griddepcontrol.wait" in text, name
     # Rows of 2-8 chunks also build the latency form of every consumer.
     consumers = {n for n in names
-                 if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith(("_split", "_streamed", "_held"))}
+                 if n.startswith(("consumer", "one_kernel", "local"))
+                 and not n.endswith(("_split", "_streamed", "_held"))}
     cooperative = 1 < chunks <= 8  # a token's programs are one cluster
     assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if cooperative else set())
     if tp == 1:
@@ -288,9 +289,9 @@ def test_only_local_streaming_consumers_cap_registers(chunked):
     for name, text in ptx.items():
         streaming = name.startswith("local") and not name.endswith("_split")
         held_twin = name.endswith("_held")
-        assert held_twin == (name == "local_plain_held" and plan.HELD_NARROW_CHUNKS < chunks <= plan.HELD_MAX_CHUNKS)
-        assert instances[name].constexprs.get("HOLD", False) == (held_twin or (narrow and streaming
-                                                                     and not name.startswith("local_finalize"))), name
+        assert held_twin == (name == "local_plain_held" and not narrow and chunks <= plan.HELD_MAX_CHUNKS), name
+        held_narrow = narrow and streaming and not name.startswith("local_finalize")
+        assert instances[name].constexprs.get("HOLD", False) == (held_twin or held_narrow), name
         assert (".maxnreg 64" in text) == (streaming and not held_twin), name
         assert (".maxnreg 96" in text) == held_twin, name
 
