@@ -346,9 +346,8 @@ def consumer_kernel(
                 residual0, part, token, tile_rows, in_streams, post, comb_bits,
                 pre_bits, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
                 x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
-                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0, PARKED_BYTES,
-                STREAMED,
-                ON_GPU)
+                TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0,
+                PARKED_BYTES, STREAMED, ON_GPU)
             root = pairwise_sum(parts, PARTS)
         else:
             roots = tl.zeros([ROOTS], tl.float32)

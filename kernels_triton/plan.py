@@ -101,8 +101,9 @@ def parked_row_bytes(chunk: int, chunks: int, on_gpu: bool) -> int:
 
 
 def _row_forms(may_hold: bool, chunks: int) -> tuple[tuple[bool, str], ...]:
-    """(HOLD, name suffix) of each form a streaming consumer is built in: parked; held; or, for rows
-    of more than HELD_NARROW_CHUNKS chunks, parked and a ``_held`` twin."""
+    """(HOLD, name suffix) of each form a streaming consumer is built in: parked; held (at the parked
+    form's registers); or, for rows of more than HELD_NARROW_CHUNKS chunks, parked and a ``_held``
+    twin (at HELD_MAX_REGISTERS)."""
     if not may_hold or chunks > HELD_MAX_CHUNKS:
         return ((False, ""),)
     if chunks <= HELD_NARROW_CHUNKS:
@@ -179,7 +180,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
                                 PARKED_BYTES=parked_bytes),
                                 CONSUMER_SIGNATURE, warps,
-                                HELD_MAX_REGISTERS if hold and chunks > HELD_NARROW_CHUNKS else
+                                HELD_MAX_REGISTERS if twin else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.
                                 split if split > 1 and variant != "residual" else 1, parked_bytes)
