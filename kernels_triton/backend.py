@@ -17,6 +17,7 @@ from lamport_mhc.workspace import Workspace
 from .interpret import launch_interpreted
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
 from .plan import HELD_MIN_ROWS, cooperative_split, kernel_plan, row_chunks
+from .spread import Spread, choose, measure_spreads
 
 PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
                "both": ALL_PHASES.value}
@@ -49,6 +50,12 @@ def _set_launch_shape(compiled, cluster: int, parked_bytes: int) -> None:
         raise RuntimeError(f"{metadata.name}: {shared} bytes of dynamic shared memory exceed the "
                            f"{DEFAULT_MAX_SHARED_BYTES} a launch may take without an opt-in")
     compiled.packed_metadata = (metadata.num_warps, cluster, shared)
+
+
+def _set_launch_shared_bytes(compiled, shared: int) -> None:
+    """The dynamic shared memory of ``compiled``'s next launches (``_set_launch_shape`` packed the rest)."""
+    warps, cluster, _ = compiled.packed_metadata
+    compiled.packed_metadata = (warps, cluster, shared)
 
 
 class TritonBackend:
@@ -96,6 +103,10 @@ class TritonKernels:
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
         self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
         self._ll_multicast = 0 if workspace.ll is None else workspace.ll.multicast
+        # Compiled cooperative local consumers, with the spreads their calls choose from (``spread``).
+        # A compiled kernel is shared by every build with the same constexprs, so each launch sets
+        # its own shared memory.
+        self._spreads: dict[str, tuple[object, tuple[Spread, ...]]] = {}
         if not interpret:
             self._compile_all()
 
@@ -126,6 +137,11 @@ class TritonKernels:
             if overrides:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
             grid = (grid[0] // instance.cluster, *grid[1:])  # the launcher counts clusters (_set_launch_shape)
+            if name in self._spreads:
+                compiled, spreads = self._spreads[name]
+                spread = choose(spreads, grid[0])
+                _set_launch_shared_bytes(compiled, compiled.metadata.shared + instance.parked_bytes
+                                         if spread is None else spread.shared_bytes)
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
@@ -148,12 +164,17 @@ class TritonKernels:
 
     def _compile_all(self) -> None:
         """Compile every kernel now, so no call (and no CUDA-graph capture) compiles."""
-        for instance in self.plan.values():
+        for name, instance in self.plan.items():
             args = [self._placeholder(arg, kind) for arg, kind in instance.signature.items()]
             compiled = instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
                                           launch_pdl=self.spec.use_pdl)
             if instance.cluster > 1 or instance.parked_bytes:
                 _set_launch_shape(compiled, instance.cluster, instance.parked_bytes)
+            if instance.cluster > 1 and name.startswith("local"):  # spread measured at tp = 1 only
+                compiled._init_handles()
+                self._spreads[name] = compiled, measure_spreads(
+                    compiled.function, self.workspace.error.device.index, instance.cluster, 32 * instance.num_warps,
+                    compiled.metadata.shared + instance.parked_bytes)
 
     def _placeholder(self, arg: str, kind: str):
         """An argument of the kind a real launch passes (scalars typed as at run time)."""

@@ -48,17 +48,17 @@ def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
     STORE_CACHE: tl.constexpr = ".cs" if STREAMED else ""
     h = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(reduced_ptr + row64 * HIDDEN + h, eviction_policy=LOAD_POLICY).to(tl.float32)
+    x = _load_piece(reduced_ptr + row64 * HIDDEN + h, h, HIDDEN, CHUNK, LOAD_POLICY)
     streams = residual_ptr + row64 * HC * HIDDEN + h
-    s0 = tl.load(streams, eviction_policy=LOAD_POLICY).to(tl.float32)
+    s0 = _load_piece(streams, h, HIDDEN, CHUNK, LOAD_POLICY)
     s1 = s0
     s2 = s0
     s3 = s0
     if HC > 1:
-        s1 = tl.load(streams + HIDDEN, eviction_policy=LOAD_POLICY).to(tl.float32)
+        s1 = _load_piece(streams + HIDDEN, h, HIDDEN, CHUNK, LOAD_POLICY)
     if HC > 2:
-        s2 = tl.load(streams + 2 * HIDDEN, eviction_policy=LOAD_POLICY).to(tl.float32)
-        s3 = tl.load(streams + 3 * HIDDEN, eviction_policy=LOAD_POLICY).to(tl.float32)
+        s2 = _load_piece(streams + 2 * HIDDEN, h, HIDDEN, CHUNK, LOAD_POLICY)
+        s3 = _load_piece(streams + 3 * HIDDEN, h, HIDDEN, CHUNK, LOAD_POLICY)
     prenorm = tl.zeros([CHUNK], tl.float32)
     for j in tl.static_range(HC):  # target stream j: comb[s, j] weighs source stream s
         mixed = x * tl.load(post_ptr + row64 * HC + j)
@@ -70,13 +70,31 @@ def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_
             mixed += s2 * tl.load(weights + 2 * HC)
             mixed += s3 * tl.load(weights + 3 * HC)
         out = mixed.to(tl.bfloat16)
-        tl.store(residual_out_ptr + (row64 * HC + j) * HIDDEN + h, out, cache_modifier=STORE_CACHE)
+        _store_piece(residual_out_ptr + (row64 * HC + j) * HIDDEN + h, out, h, HIDDEN, CHUNK, STORE_CACHE)
         prenorm += out.to(tl.float32) * tl.load(pre_ptr + row64 * HC + j)
     prenorm = prenorm.to(tl.bfloat16)
     if PARK:
-        tl.store(layer_ptr + row64 * HIDDEN + h, prenorm)
+        _store_piece(layer_ptr + row64 * HIDDEN + h, prenorm, h, HIDDEN, CHUNK, "")
     p = prenorm.to(tl.float32)
     return p * p, prenorm
+
+
+@triton.jit
+def _load_piece(ptr, h, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, LOAD_POLICY: tl.constexpr):
+    """fp32 of the piece's columns ``h``, 0 past the row (masked only where pieces overhang it)."""
+    if HIDDEN % CHUNK == 0:
+        values = tl.load(ptr, eviction_policy=LOAD_POLICY)
+    else:
+        values = tl.load(ptr, mask=h < HIDDEN, other=0.0, eviction_policy=LOAD_POLICY)
+    return values.to(tl.float32)
+
+
+@triton.jit
+def _store_piece(ptr, values, h, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, STORE_CACHE: tl.constexpr):
+    if HIDDEN % CHUNK == 0:
+        tl.store(ptr, values, cache_modifier=STORE_CACHE)
+    else:
+        tl.store(ptr, values, mask=h < HIDDEN, cache_modifier=STORE_CACHE)
 
 
 @triton.jit
@@ -94,7 +112,8 @@ def _piece_blocks(c, CHUNK: tl.constexpr):
 
 @triton.jit
 def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr):
-    return tl.load(layer_ptr + row64 * HIDDEN + _piece_blocks(c, CHUNK))
+    h = _piece_blocks(c, CHUNK)
+    return _load_piece(layer_ptr + row64 * HIDDEN + h, h, HIDDEN, CHUNK, "").to(tl.bfloat16)
 
 
 @triton.jit
@@ -102,9 +121,9 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
                 CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr):
     """RMSNorm of piece ``c`` from its bf16 prenorm [blocks, 32] (and its MXFP8 copy)."""
     h = _piece_blocks(c, CHUNK)
-    gamma = tl.load(weight_ptr + h).to(tl.float32)
+    gamma = _load_piece(weight_ptr + h, h, HIDDEN, CHUNK, "")
     y = (prenorm.to(tl.float32) * inv * gamma).to(tl.bfloat16)
-    tl.store(layer_ptr + row64 * HIDDEN + h, y)
+    _store_piece(layer_ptr + row64 * HIDDEN + h, y, h, HIDDEN, CHUNK, "")
     if QUANT:
         yf = y.to(tl.float32)
         scale = tl.max(tl.abs(yf), axis=1) * INV_E4M3_MAX
@@ -119,11 +138,12 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
         q = yf * inverse[:, None]
         q = tl.minimum(tl.maximum(tl.where(q != q, 448.0, q), -448.0), 448.0)  # NaN -> 448, as min.f32 does
         if INTERPRETED:  # values_ptr is uint8 here: the interpreter's fp8 cast loses exponent carries
-            tl.store(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8))
+            _store_piece(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8), h, HIDDEN, CHUNK, "")
         else:
-            tl.store(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv))
+            _store_piece(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv), h, HIDDEN, CHUNK, "")
         col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
-        tl.store(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8))
+        _store_piece(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8), col, HIDDEN // 32,
+                     CHUNK // 32, "")
 
 
 @triton.jit
@@ -131,15 +151,19 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                        residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
                        SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, STREAMED: tl.constexpr = False,
-                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False):
-    """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them."""
+                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False, FENCED: tl.constexpr = False):
+    """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them.
+    The last piece is masked where CHUNK does not divide the row (the wide form)."""
+    PIECES: tl.constexpr = (HIDDEN + CHUNK - 1) // CHUNK
     _dependent_launch(PDL)
     row = tl.program_id(0)
     if row < m:
         row64 = row.to(tl.int64)
         squares = tl.zeros([CHUNK], tl.float32)
         held = ()
-        for c in tl.static_range(HIDDEN // CHUNK):
+        for c in tl.static_range(PIECES):
+            if FENCED and c > 0:
+                tl.debug_barrier()  # keeps the next piece's loads after this one's mix: fewer registers
             piece_squares, prenorm = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr,
                                                 residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, not HOLD,
                                                 STREAMED)
@@ -148,7 +172,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
         if not HOLD:
             tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
-        for c in tl.static_range(HIDDEN // CHUNK):
+        for c in tl.static_range(PIECES):
             if HOLD:
                 prenorm = tl.reshape(held[c], (CHUNK // 32, 32))
             else:
