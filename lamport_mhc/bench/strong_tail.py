@@ -18,20 +18,27 @@ def _chunk(hidden: int) -> int:
 
 
 def _launch(kernel, grid, interpret: bool, num_warps: int, *args, max_registers: int | None = None,
-            **constexprs) -> None:
-    """On the GPU every kernel is a programmatic dependent launch (``PDL``), as the fused kernels are."""
+            extra_shared: int = 0, **constexprs) -> None:
+    """On the GPU every kernel is a programmatic dependent launch (``PDL``), as the fused kernels are;
+    ``extra_shared``: bytes of dynamic shared memory past Triton's own (the kernel's park)."""
     if interpret:
         from kernels_triton.interpret import launch_interpreted
         launch_interpreted(kernel, grid, *args, **constexprs)
-    else:
-        options = {} if max_registers is None else {"maxnreg": max_registers}
-        kernel[grid](*args, **constexprs, PDL=True, num_warps=num_warps, launch_pdl=True, **options)
+        return
+    options = dict(**constexprs, PDL=True, num_warps=num_warps, launch_pdl=True)
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    if extra_shared:
+        from kernels_triton.backend import _set_launch_shape
+        _set_launch_shape(kernel.warmup(*args, grid=grid, **options), 1, extra_shared)
+    kernel[grid](*args, **options)
 
 
-STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed")
+STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed", "parked-streamed")
 # The wide form: the held form with WIDE_WARPS warps and pieces of 8 columns a thread (16-byte
 # accesses), the last piece masked where it does not tile the row.
 WIDE_WARPS, WIDE_MAX_REGISTERS, WIDE_FENCED = 16, None, False
+PARKED_MAX_REGISTERS = 64
 # The held form's warps per program, against ``num_warps`` for the others: on one H200 (H = 5120,
 # plain, prenorm held) 8 warps took 29.9 us at M = 1024 and 107.0 at 4096, 4 warps 34.7 and 120.1,
 # the parked row form 33.3 and 114.8. With the streaming hints the held form took 28.5 us at
@@ -64,6 +71,10 @@ class StrongTail:
         self.chunk = _chunk(hidden)
         self.pieces = hidden // self.chunk
         self.warps, self.max_registers, self.fenced = num_warps, None, False
+        # The parked form: the row form with its prenorm parked in shared memory (on the GPU).
+        self.parked_bytes = 2 * hidden if self.form == "parked" and not interpret else 0
+        if self.form == "parked":
+            self.max_registers = PARKED_MAX_REGISTERS
         if self.form == "wide":
             self.warps, self.max_registers, self.fenced = WIDE_WARPS, WIDE_MAX_REGISTERS, WIDE_FENCED
             self.chunk = 8 * 32 * WIDE_WARPS
@@ -85,14 +96,15 @@ class StrongTail:
         else:
             values = scales = layer_input  # unused pointers
             rows = m
-        if self.form in ("row", "held", "wide"):
-            hold = self.form != "row"
+        if self.form in ("row", "held", "wide", "parked"):
+            hold = self.form in ("held", "wide")
             warps = self.warps * (HELD_WARPS_FACTOR if self.form == "held" else 1)
             _launch(strong_tail_kernel, (rows,), self.interpret, warps,
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
                     HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
                     SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, STREAMED=self.streamed, INTERPRETED=self.interpret,
-                    FENCED=self.fenced, max_registers=self.max_registers)
+                    FENCED=self.fenced, PARKED_BYTES=self.parked_bytes, max_registers=self.max_registers,
+                    extra_shared=self.parked_bytes)
             return
         partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
         _launch(tail_mix_kernel, (m, self.pieces), self.interpret, self.num_warps,

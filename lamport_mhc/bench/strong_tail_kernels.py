@@ -39,7 +39,7 @@ INV_E4M3_MAX = tl.constexpr(1.0 / 448.0)  # rounded to fp32 where it meets an fp
 @triton.jit
 def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr, row64, c,
                HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, PARK: tl.constexpr = True,
-               STREAMED: tl.constexpr = False):
+               STREAMED: tl.constexpr = False, PARKED_BYTES: tl.constexpr = 0):
     """Post-mix and collapse of piece ``c`` of a row: stores the streams and (``PARK``) the bf16
     prenorm in the layer-input buffer, returns the prenorm's squares and the prenorm. Every tensor is
     one [CHUNK] piece in one layout: no shuffles through shared memory between the loads, the mix
@@ -74,7 +74,10 @@ def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_
         prenorm += out.to(tl.float32) * tl.load(pre_ptr + row64 * HC + j)
     prenorm = prenorm.to(tl.bfloat16)
     if PARK:
-        _store_piece(layer_ptr + row64 * HIDDEN + h, prenorm, h, HIDDEN, CHUNK, "")
+        if PARKED_BYTES > 0:
+            ptx.store_shared_16b(2 * h - PARKED_BYTES, prenorm.to(tl.int16, bitcast=True))
+        else:
+            _store_piece(layer_ptr + row64 * HIDDEN + h, prenorm, h, HIDDEN, CHUNK, "")
     p = prenorm.to(tl.float32)
     return p * p, prenorm
 
@@ -111,8 +114,12 @@ def _piece_blocks(c, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr):
+def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, PARKED_BYTES: tl.constexpr = 0):
+    """The prenorm piece pass 1 parked: in the layer-input buffer, or in the ``PARKED_BYTES`` of
+    dynamic shared memory the launch adds past Triton's own."""
     h = _piece_blocks(c, CHUNK)
+    if PARKED_BYTES > 0:
+        return ptx.load_shared_16b(2 * h - PARKED_BYTES).to(tl.bfloat16, bitcast=True)
     return _load_piece(layer_ptr + row64 * HIDDEN + h, h, HIDDEN, CHUNK, "").to(tl.bfloat16)
 
 
@@ -151,7 +158,8 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                        residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
                        SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, STREAMED: tl.constexpr = False,
-                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False, FENCED: tl.constexpr = False):
+                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False, FENCED: tl.constexpr = False,
+                       PARKED_BYTES: tl.constexpr = 0):
     """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them.
     The last piece is masked where CHUNK does not divide the row (the wide form)."""
     PIECES: tl.constexpr = (HIDDEN + CHUNK - 1) // CHUNK
@@ -166,7 +174,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                 tl.debug_barrier()  # keeps the next piece's loads after this one's mix: fewer registers
             piece_squares, prenorm = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr,
                                                 residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, not HOLD,
-                                                STREAMED)
+                                                STREAMED, PARKED_BYTES)
             squares += piece_squares
             held = held + (prenorm,)
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
@@ -176,7 +184,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
             if HOLD:
                 prenorm = tl.reshape(held[c], (CHUNK // 32, 32))
             else:
-                prenorm = _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK)
+                prenorm = _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK, PARKED_BYTES)
             _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN, CHUNK, QUANT,
                         INTERPRETED)
     elif QUANT:
