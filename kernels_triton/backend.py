@@ -15,6 +15,7 @@ from lamport_mhc.traffic import STREAMED_ROWS, streams_past_l2
 from lamport_mhc.workspace import Workspace
 
 from .interpret import launch_interpreted
+from .launch_shape import set_launch_shape, set_launch_shared_bytes
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
 from .plan import HELD_MIN_ROWS, cooperative_split, kernel_plan, row_chunks
 from .spread import Spread, choose, measure_spreads
@@ -31,32 +32,8 @@ MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
 COOPERATIVE_PROGRAMS_PER_SM = 7
 
 
-# Dynamic shared memory a launch may take without the function's opt-in to more.
-DEFAULT_MAX_SHARED_BYTES = 48 * 1024
-
-
-def _set_launch_shape(compiled, cluster: int, parked_bytes: int) -> None:
-    """Have Triton's launcher start ``compiled`` in clusters of ``cluster`` consecutive CTAs, each
-    with ``parked_bytes`` of dynamic shared memory past what the compiled code takes. The launcher
-    reads both from the kernel's packed metadata (num_warps, num_ctas, shared) and multiplies the
-    grid's x by the cluster size. The kernel is compiled with num_ctas = 1: compiled with more,
-    Triton would spread each program's tensors over the cluster's CTAs."""
-    metadata = compiled.metadata
-    if len(compiled.packed_metadata) != 3 or metadata.num_ctas != 1:
-        raise RuntimeError(f"{metadata.name}: this Triton packs its launch metadata as "
-                           f"{compiled.packed_metadata}, not (num_warps, num_ctas, shared)")
-    shared = metadata.shared + parked_bytes
-    if parked_bytes and shared > DEFAULT_MAX_SHARED_BYTES:
-        raise RuntimeError(f"{metadata.name}: {shared} bytes of dynamic shared memory exceed the "
-                           f"{DEFAULT_MAX_SHARED_BYTES} a launch may take without an opt-in")
-    compiled.packed_metadata = (metadata.num_warps, cluster, shared)
-
-
-def _set_launch_shared_bytes(compiled, shared: int) -> None:
-    """The dynamic shared memory of ``compiled``'s next launches (``_set_launch_shape`` packed the rest)."""
-    warps, cluster, _ = compiled.packed_metadata
-    compiled.packed_metadata = (warps, cluster, shared)
-
+# The tightest cap on CTAs per SM a cooperative local launch spreads to (``spread``).
+SPREAD_MIN_CTAS_PER_SM = 1
 
 class TritonBackend:
     name = "triton"
@@ -136,11 +113,11 @@ class TritonKernels:
         else:
             if overrides:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
-            grid = (grid[0] // instance.cluster, *grid[1:])  # the launcher counts clusters (_set_launch_shape)
+            grid = (grid[0] // instance.cluster, *grid[1:])  # the launcher counts clusters (set_launch_shape)
             if name in self._spreads:
                 compiled, spreads = self._spreads[name]
                 spread = choose(spreads, grid[0])
-                _set_launch_shared_bytes(compiled, compiled.metadata.shared + instance.parked_bytes
+                set_launch_shared_bytes(compiled, compiled.metadata.shared + instance.parked_bytes
                                          if spread is None else spread.shared_bytes)
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
@@ -169,12 +146,12 @@ class TritonKernels:
             compiled = instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
                                           launch_pdl=self.spec.use_pdl)
             if instance.cluster > 1 or instance.parked_bytes:
-                _set_launch_shape(compiled, instance.cluster, instance.parked_bytes)
+                set_launch_shape(compiled, instance.cluster, instance.parked_bytes)
             if instance.cluster > 1 and name.startswith("local"):  # spread measured at tp = 1 only
                 compiled._init_handles()
                 self._spreads[name] = compiled, measure_spreads(
                     compiled.function, self.workspace.error.device.index, instance.cluster, 32 * instance.num_warps,
-                    compiled.metadata.shared + instance.parked_bytes)
+                    compiled.metadata.shared + instance.parked_bytes, SPREAD_MIN_CTAS_PER_SM)
 
     def _placeholder(self, arg: str, kind: str):
         """An argument of the kind a real launch passes (scalars typed as at run time)."""

@@ -35,8 +35,8 @@ def choose(spreads: tuple[Spread, ...], clusters: int) -> Spread | None:
 
 
 def measure_spreads(function: int, device_index: int, cluster: int, threads: int, own_shared_bytes: int,
-                    max_ctas_per_sm: int = 8) -> tuple[Spread, ...]:
-    """Each cap from 1 to ``max_ctas_per_sm`` CTAs per SM that shared memory can set above the
+                    min_ctas_per_sm: int = 1, max_ctas_per_sm: int = 8) -> tuple[Spread, ...]:
+    """Each cap from ``min_ctas_per_sm`` to ``max_ctas_per_sm`` CTAs per SM that shared memory can set above the
     kernel's own ``own_shared_bytes``, with the clusters the driver says stay resident under it.
     Opts ``function`` in to the largest of those shared-memory sizes."""
     from cuda.bindings import driver
@@ -54,13 +54,17 @@ def measure_spreads(function: int, device_index: int, cluster: int, threads: int
         for name in ("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
                      "CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK",
                      "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"))
-    sizes = {ctas: capped_shared_bytes(ctas, shared_per_sm, reserved, max_per_block)
-             for ctas in range(1, max_ctas_per_sm + 1)}
+    static = checked(driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                               function))
+    sizes = {ctas: capped_shared_bytes(ctas, shared_per_sm, reserved + static, max_per_block - static)
+             for ctas in range(min_ctas_per_sm, max_ctas_per_sm + 1)}
     sizes = {ctas: size for ctas, size in sizes.items() if size > own_shared_bytes}
     if not sizes:
         return ()
-    checked(driver.cuFuncSetAttribute(
-        function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max(sizes.values())))
+    # Raised, never lowered: builds with the same constexprs share the compiled function.
+    opt_in = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    if max(sizes.values()) > checked(driver.cuFuncGetAttribute(opt_in, function)):
+        checked(driver.cuFuncSetAttribute(function, opt_in, max(sizes.values())))
     spreads = []
     for ctas, size in sizes.items():
         config = driver.CUlaunchConfig()

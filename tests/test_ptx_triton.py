@@ -8,7 +8,7 @@ import pytest
 
 from lamport_mhc.backend import BuildSpec
 from kernels_triton import plan
-from kernels_triton.backend import _set_launch_shape
+from kernels_triton.launch_shape import set_launch_shape, set_launch_shared_bytes
 from kernels_triton.offline import compile_ptx
 
 # The module's builds are shared fixtures: its tests run on one xdist worker (``--dist loadgroup``),
@@ -237,17 +237,19 @@ def test_launch_shape_adds_the_parked_row_to_the_kernels_shared_memory():
         return SimpleNamespace(metadata=metadata, packed_metadata=(4, 1, shared))
 
     kernel = compiled(1040)
-    _set_launch_shape(kernel, 1, 14336)
+    set_launch_shape(kernel, 1, 14336)
     assert kernel.packed_metadata == (4, 1, 1040 + 14336)
     kernel = compiled(0)
-    _set_launch_shape(kernel, 7, 0)
+    set_launch_shape(kernel, 7, 0)
     assert kernel.packed_metadata == (4, 7, 0)
+    set_launch_shared_bytes(kernel, 45056)  # a spread launch: the cluster stays
+    assert kernel.packed_metadata == (4, 7, 45056)
     with pytest.raises(RuntimeError, match="opt-in"):
-        _set_launch_shape(compiled(20000), 1, plan.SHARED_PARK_MAX_BYTES)
+        set_launch_shape(compiled(20000), 1, plan.SHARED_PARK_MAX_BYTES)
     stale = compiled(0)
     stale.packed_metadata = (4, 1, 0, 0)
     with pytest.raises(RuntimeError, match="packs its launch metadata"):
-        _set_launch_shape(stale, 2, 0)
+        set_launch_shape(stale, 2, 0)
 
 
 def test_streamed_twins_hint_what_passes_once(chunked):

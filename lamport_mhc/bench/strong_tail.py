@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels_triton.launch_shape import set_launch_shape
+
 from ..mxfp8 import mxfp8_scale_bytes
 
 
@@ -17,28 +19,26 @@ def _chunk(hidden: int) -> int:
     return chunk
 
 
-def _launch(kernel, grid, interpret: bool, num_warps: int, *args, max_registers: int | None = None,
-            extra_shared: int = 0, **constexprs) -> None:
+def _launch(kernel, grid, interpret: bool, num_warps: int, *args, extra_shared: int = 0, **constexprs) -> None:
     """On the GPU every kernel is a programmatic dependent launch (``PDL``), as the fused kernels are;
-    ``extra_shared``: bytes of dynamic shared memory past Triton's own (the kernel's park)."""
+    ``extra_shared``: bytes of dynamic shared memory past Triton's own (the parked form's row)."""
     if interpret:
         from kernels_triton.interpret import launch_interpreted
         launch_interpreted(kernel, grid, *args, **constexprs)
         return
     options = dict(**constexprs, PDL=True, num_warps=num_warps, launch_pdl=True)
-    if max_registers is not None:
-        options["maxnreg"] = max_registers
-    if extra_shared:
-        from kernels_triton.backend import _set_launch_shape
-        _set_launch_shape(kernel.warmup(*args, grid=grid, **options), 1, extra_shared)
+    if extra_shared:  # the compiled kernel of this call's specialization, before it launches
+        set_launch_shape(kernel.warmup(*args, grid=grid, **options), 1, extra_shared)
     kernel[grid](*args, **options)
 
 
 STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed", "parked-streamed")
-# The wide form: the held form with WIDE_WARPS warps and pieces of 8 columns a thread (16-byte
-# accesses), the last piece masked where it does not tile the row.
-WIDE_WARPS, WIDE_MAX_REGISTERS, WIDE_FENCED = 16, None, False
-PARKED_MAX_REGISTERS = 64
+# The wide form's warps: the held form with pieces of 8 columns a thread (16-byte accesses), the last
+# piece masked where it overhangs the row. On one H200 (streamed hints) the bench took it at
+# M = 32-128 at H 4096 and 100-128 at 5120; 16 warps capped at 64 registers (2 programs per SM,
+# spills) took 31.0 / 53.8 / 63.7 us at H 4096 / 5120 / 7168 quant M = 1024 against 29.0 / 43.1 / 50.5
+# uncapped, 8 warps capped at 80 registers 25.7 / 35.7 / 54.3.
+WIDE_WARPS = 16
 # The held form's warps per program, against ``num_warps`` for the others: on one H200 (H = 5120,
 # plain, prenorm held) 8 warps took 29.9 us at M = 1024 and 107.0 at 4096, 4 warps 34.7 and 120.1,
 # the parked row form 33.3 and 114.8. With the streaming hints the held form took 28.5 us at
@@ -70,14 +70,12 @@ class StrongTail:
         self.streamed = hints == "streamed"
         self.chunk = _chunk(hidden)
         self.pieces = hidden // self.chunk
-        self.warps, self.max_registers, self.fenced = num_warps, None, False
-        # The parked form: the row form with its prenorm parked in shared memory (on the GPU).
-        self.parked_bytes = 2 * hidden if self.form == "parked" and not interpret else 0
-        if self.form == "parked":
-            self.max_registers = PARKED_MAX_REGISTERS
+        self.warps = num_warps
         if self.form == "wide":
-            self.warps, self.max_registers, self.fenced = WIDE_WARPS, WIDE_MAX_REGISTERS, WIDE_FENCED
-            self.chunk = 8 * 32 * WIDE_WARPS
+            self.warps, self.chunk = WIDE_WARPS, 8 * 32 * WIDE_WARPS
+        # The parked form: the row form with its prenorm in shared memory (on the GPU), not in the
+        # layer-input buffer.
+        self.parked_bytes = 2 * hidden if self.form == "parked" and not interpret else 0
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
 
     def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
@@ -103,8 +101,7 @@ class StrongTail:
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
                     HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
                     SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, STREAMED=self.streamed, INTERPRETED=self.interpret,
-                    FENCED=self.fenced, PARKED_BYTES=self.parked_bytes, max_registers=self.max_registers,
-                    extra_shared=self.parked_bytes)
+                    PARKED_BYTES=self.parked_bytes, extra_shared=self.parked_bytes)
             return
         partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
         _launch(tail_mix_kernel, (m, self.pieces), self.interpret, self.num_warps,

@@ -10,6 +10,10 @@ The tail comes in two forms, as engines pick kernels by M:
   QUANT, writes the MXFP8 copy.
 - the same kernel with ``HOLD``: the row's prenorm held in registers between the passes (no park,
   no re-read; launched with twice the warps, so each thread holds half as much).
+- the same kernel with ``PARKED_BYTES``: the prenorm parked in shared memory past Triton's own (the
+  launch adds the row's bytes), not in the layer-input buffer.
+- the held kernel with a wide ``CHUNK`` (8 columns a thread of 16 warps), its last piece masked
+  where it overhangs the row: each load round of a program is bigger.
 - ``tail_mix_kernel`` then ``tail_norm_kernel``, one program per (token, piece) (small M, where one
   program's walk over the pieces is latency, not bandwidth): the mix writes each piece's sum of
   squares, the norm adds a row's partial sums before normalizing its piece.
@@ -158,7 +162,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                        residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
                        SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, STREAMED: tl.constexpr = False,
-                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False, FENCED: tl.constexpr = False,
+                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False,
                        PARKED_BYTES: tl.constexpr = 0):
     """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them.
     The last piece is masked where CHUNK does not divide the row (the wide form)."""
@@ -170,8 +174,6 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
         squares = tl.zeros([CHUNK], tl.float32)
         held = ()
         for c in tl.static_range(PIECES):
-            if FENCED and c > 0:
-                tl.debug_barrier()  # keeps the next piece's loads after this one's mix: fewer registers
             piece_squares, prenorm = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr,
                                                 residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, not HOLD,
                                                 STREAMED, PARKED_BYTES)
