@@ -5,9 +5,11 @@ block scheduler packs an SM with as many CTAs as its registers allow (8 at 64 re
 token's CTAs can share one SM's load pipes while other SMs idle. Dynamic shared memory that the
 kernel never touches caps the CTAs per SM: each call takes the tightest cap under which all its
 clusters are still resident at once (the driver's ``cuOccupancyMaxActiveClusters``), the widest
-spread that costs no second wave. On one H200 (tp = 1, 5 CTAs per SM against the default 8):
-H 5120 plain M 100 4.4 us against 5.2, quant 100 5.1 against 6.3; and a cap that leaves fewer
-clusters than the call's rows runs a second wave (H 7168 plain M 100, 5 per SM: 7.6 against 5.2).
+spread that costs no second wave. On one H200 (tp = 1, us spread / not, one run): H 5120 quant M 100
+5.5 / 6.3 and 128 5.4 / 6.3, finalize 100 5.9 / 6.8; H 7168 plain 64 4.1 / 5.2, finalize 100 6.1 /
+7.1; H 4096 quant 128 5.5 / 6.1; it lost 0.2-0.4 us at H 4096, M 64-100, and changed nothing at
+M <= 16. One fixed cap instead (5 CTAs per SM) ran a second wave where the call's clusters exceed
+it (H 7168 plain M 100: 7.6 against 5.2).
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ def choose(spreads: tuple[Spread, ...], clusters: int) -> Spread | None:
 
 def measure_spreads(function: int, device_index: int, cluster: int, threads: int, own_shared_bytes: int,
                     min_ctas_per_sm: int = 1, max_ctas_per_sm: int = 8) -> tuple[Spread, ...]:
-    """Each cap from ``min_ctas_per_sm`` to ``max_ctas_per_sm`` CTAs per SM that shared memory can set above the
-    kernel's own ``own_shared_bytes``, with the clusters the driver says stay resident under it.
-    Opts ``function`` in to the largest of those shared-memory sizes."""
+    """Each cap from ``min_ctas_per_sm`` to ``max_ctas_per_sm`` CTAs per SM that shared memory can
+    set above the kernel's own ``own_shared_bytes``, with the clusters the driver says stay resident
+    under it. Opts ``function`` in to the largest of those shared-memory sizes."""
     from cuda.bindings import driver
 
     def checked(result):
