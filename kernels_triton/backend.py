@@ -83,10 +83,11 @@ class TritonKernels:
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
         self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
         self._ll_multicast = 0 if workspace.ll is None else workspace.ll.multicast
-        # Compiled cooperative local consumers, with the spreads their calls choose from (``spread``).
+        # Compiled cooperative local consumers, their own shared memory and the spreads their calls
+        # choose from (``spread``).
         # A compiled kernel is shared by every build with the same constexprs, so each launch sets
         # its own shared memory.
-        self._spreads: dict[str, tuple[object, tuple[Spread, ...]]] = {}
+        self._spreads: dict[str, tuple[object, int, tuple[Spread, ...]]] = {}
         if not interpret:
             self._compile_all()
 
@@ -118,10 +119,9 @@ class TritonKernels:
                 raise ValueError(f"{name}: constexpr overrides {sorted(overrides)} are for the interpreter only")
             grid = (grid[0] // instance.cluster, *grid[1:])  # the launcher counts clusters (set_launch_shape)
             if name in self._spreads:
-                compiled, spreads = self._spreads[name]
+                compiled, own_shared, spreads = self._spreads[name]
                 spread = choose(spreads, grid[0])
-                set_launch_shared_bytes(compiled, compiled.metadata.shared + instance.parked_bytes
-                                         if spread is None else spread.shared_bytes)
+                set_launch_shared_bytes(compiled, own_shared if spread is None else spread.shared_bytes)
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
@@ -150,11 +150,12 @@ class TritonKernels:
                                           launch_pdl=self.spec.use_pdl)
             if instance.cluster > 1 or instance.parked_bytes:
                 set_launch_shape(compiled, instance.cluster, instance.parked_bytes)
-            if instance.cluster > 1 and name.startswith("local"):  # spread measured at tp = 1 only
+            if instance.cluster > 1 and instance.constexprs["LOCAL"]:  # spread measured at tp = 1 only
                 compiled._init_handles()
-                self._spreads[name] = compiled, measure_spreads(
+                own_shared = compiled.packed_metadata[2]  # as set_launch_shape left it
+                self._spreads[name] = compiled, own_shared, measure_spreads(
                     compiled.function, self.workspace.error.device.index, instance.cluster, 32 * instance.num_warps,
-                    compiled.metadata.shared + instance.parked_bytes, SPREAD_MIN_CTAS_PER_SM)
+                    own_shared, SPREAD_MIN_CTAS_PER_SM)
 
     def _placeholder(self, arg: str, kind: str):
         """An argument of the kind a real launch passes (scalars typed as at run time)."""

@@ -70,7 +70,7 @@ class StrongTail:
         self.streamed = hints == "streamed"
         self.chunk = _chunk(hidden)
         self.pieces = hidden // self.chunk
-        self.warps = num_warps
+        self.warps = num_warps * (HELD_WARPS_FACTOR if self.form == "held" else 1)  # the row forms' warps
         if self.form == "wide":
             self.warps, self.chunk = WIDE_WARPS, 8 * 32 * WIDE_WARPS
         # The parked form: the row form with its prenorm in shared memory (on the GPU), not in the
@@ -96,8 +96,7 @@ class StrongTail:
             rows = m
         if self.form in ("row", "held", "wide", "parked"):
             hold = self.form in ("held", "wide")
-            warps = self.warps * (HELD_WARPS_FACTOR if self.form == "held" else 1)
-            _launch(strong_tail_kernel, (rows,), self.interpret, warps,
+            _launch(strong_tail_kernel, (rows,), self.interpret, self.warps,
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
                     HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
                     SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, STREAMED=self.streamed, INTERPRETED=self.interpret,
