@@ -161,8 +161,10 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     scaled = tl.reshape(bf16_to_f32(layer, ON_GPU), (CHUNK // 32, 32)) * inverse_scale(scale)[:, None]
     codes = tl.reshape(f32_to_e4m3(scaled, ON_GPU), (CHUNK,))
     tl.store(values_ptr + token * HIDDEN + h, codes, mask=h < HIDDEN)
-    cols = chunk * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
-    tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
+    # The blocks' columns reduced from h, as the scales are: in their layout, stored where they
+    # were computed.
+    cols = tl.min(tl.reshape(h, (CHUNK // 32, 32)), axis=1) // 32
+    ptx.store_byte(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), cols < COLS, ON_GPU)
     # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into
     # one contiguous run per token.
     padding = (num_tokens + 127) // 128 * 128 - num_tokens
@@ -198,16 +200,39 @@ def _inverse_rms(roots, eps, HIDDEN: tl.constexpr, ROOTS: tl.constexpr):
 @triton.jit
 def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
                    HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-                   VARIANT: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr):
+                   VARIANT: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     """The streaming form's second pass over the whole parked row, chunk by chunk (the other
-    programs on the SM hide the latency)."""
+    programs on the SM hide the latency; with ``PREFETCH`` the next chunk's gamma is in flight too)."""
     inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
+    c = tl.arange(0, CHUNK)
+    if PREFETCH:
+        next_gamma = tl.load(gamma_ptr + c, mask=c < HIDDEN, other=0)
     for chunk in range(CHUNKS):
-        h = chunk * CHUNK + tl.arange(0, CHUNK)
+        h = chunk * CHUNK + c
         in_row = h < HIDDEN
-        _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES),
-                         tl.load(gamma_ptr + h, mask=in_row, other=0), inv_rms, token, num_tokens, chunk, h,
-                         in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
+        if PREFETCH:
+            gamma = next_gamma
+            next_gamma = tl.load(gamma_ptr + CHUNK + h, mask=CHUNK + h < HIDDEN, other=0)
+        else:
+            gamma = tl.load(gamma_ptr + h, mask=in_row, other=0)
+        _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES), gamma, inv_rms, token,
+                         num_tokens, chunk, h, in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT,
+                         ON_GPU)
+
+
+@triton.jit
+def _chunk_inputs(chunk, token, tile_rows, in_streams, residual_ptr, x_ptr, HIDDEN: tl.constexpr,
+                  CHUNK: tl.constexpr, STREAMED: tl.constexpr):
+    """The streams and ``x`` of chunk ``chunk`` (``_take_chunk``'s loads), issued ahead of their use;
+    past the row every lane is masked off, so the loop's last prefetch moves nothing."""
+    h = chunk * CHUNK + tl.arange(0, CHUNK)
+    in_row = h < HIDDEN
+    LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
+    residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
+                       other=0, eviction_policy=LOAD_POLICY).to(tl.int32)
+    x = tl.load(x_ptr + token * HIDDEN + h, mask=in_row, other=0, eviction_policy=LOAD_POLICY)
+    return residual, x
 
 
 @triton.jit
@@ -216,16 +241,20 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, 
                 indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN: tl.constexpr, HC: tl.constexpr,
                 TP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr,
                 REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr, LOCAL: tl.constexpr,
-                PARK: tl.constexpr, PARKED_BYTES: tl.constexpr, STREAMED: tl.constexpr, ON_GPU: tl.constexpr):
+                PARK: tl.constexpr, PARKED_BYTES: tl.constexpr, STREAMED: tl.constexpr, ON_GPU: tl.constexpr,
+                x=None):
     """The first pass over chunk ``chunk`` of the token: its reduced row (the contribution itself, or
-    the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``."""
+    the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``;
+    ``x``: the contribution's bits, where loaded already (``_chunk_inputs``)."""
     h = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = h < HIDDEN
     if residual is None:
         LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
         residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
                            other=0, eviction_policy=LOAD_POLICY).to(tl.int32)
-    if LOCAL:
+    if x is not None:
+        reduced = canonical_zero(x)
+    elif LOCAL:
         reduced = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
                                      PUBLISH == PUBLISH_FINALIZE, ON_GPU, STREAMED)
     else:
@@ -266,6 +295,7 @@ def consumer_kernel(
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     STREAMED: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr = False, UNROLL: tl.constexpr = 1,
 ):
     tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
     tl.static_assert(SPLIT <= ptx.MAX_CLUSTER, "a token's programs are one cluster")
@@ -367,12 +397,20 @@ def consumer_kernel(
                 # Each chunk's subtrees of a warp, joined across warps once the row is done: the
                 # chunks' loop has no barrier, so the program's warps need not wait for each other.
                 part_roots = tl.zeros([PARTS, ROOTS], tl.float32)
-                for chunk in range(CHUNKS):  # parked for the second pass
+                if PREFETCH:
+                    next_residual, next_x = _chunk_inputs(0, token, tile_rows, in_streams, residual_ptr, x_ptr,
+                                                          HIDDEN, CHUNK, STREAMED)
+                for chunk in tl.range(CHUNKS, loop_unroll_factor=UNROLL):  # parked for the second pass
+                    residual, x = None, None
+                    if PREFETCH:  # the next chunk's loads in flight while this one is mixed
+                        residual, x = next_residual, next_x
+                        next_residual, next_x = _chunk_inputs(chunk + 1, token, tile_rows, in_streams, residual_ptr,
+                                                              x_ptr, HIDDEN, CHUNK, STREAMED)
                     parts, _ = _take_chunk(
-                        None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
+                        residual, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU, x)
                     part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
                 roots = pairwise_columns(part_roots, PARTS, ROOTS)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
@@ -391,7 +429,7 @@ def consumer_kernel(
             else:
                 tl.debug_barrier()  # the parked row, written by every thread, is read by every thread
                 _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, PARKED_BYTES, ON_GPU)
+                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, PARKED_BYTES, ON_GPU, PREFETCH)
 
     if NORMALIZE & COOPERATIVE:
         h = part * CHUNK + c

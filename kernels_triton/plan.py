@@ -85,6 +85,11 @@ HELD_MAX_REGISTERS = 96
 # 150.7 / 289.3. (Parked rows of four chunks lost: quant M = 1024 26.2 against 25.6 at H = 4096.)
 HELD_MIN_ROWS = 5120
 
+# The parked streaming consumers of x: prefetch the next chunk's inputs while mixing one (PREFETCH)
+# and the unroll factor of their chunk loop (UNROLL).
+PARKED_PREFETCH = False
+PARKED_UNROLL = 1
+
 
 # The streaming consumers that do not hold their row park it between the two passes in the CTA's
 # shared memory on the GPU (``ptx.store_shared_16b``), up to this many bytes a row (H = 16384),
@@ -168,6 +173,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                                  and variant != "residual", chunks):
                         parks = split == 1 and not hold and variant != "residual"
                         parked_bytes = parked_row_bytes(chunk, chunks, on_gpu) if parks else 0
+                        parked_loop = (dict(PREFETCH=PARKED_PREFETCH, UNROLL=PARKED_UNROLL)
+                                       if parks and local_streaming and publish.value == PUBLISH_X.value else {})
                         # The held twin runs from HELD_MIN_ROWS rows, past the hinted window.
                         for streamed in (False, True) if local_streaming and not twin else (False,):
                             name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "") + twin
@@ -178,7 +185,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                                 VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                                 PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
-                                PARKED_BYTES=parked_bytes),
+                                PARKED_BYTES=parked_bytes, **parked_loop),
                                 CONSUMER_SIGNATURE, warps,
                                 HELD_MAX_REGISTERS if twin else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,

@@ -152,9 +152,11 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
             _store_piece(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8), h, HIDDEN, CHUNK, "")
         else:
             _store_piece(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv), h, HIDDEN, CHUNK, "")
-        col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
-        _store_piece(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8), col, HIDDEN // 32,
-                     CHUNK // 32, "")
+        # The blocks' scale columns reduced from h, as the scales are: stored in their layout, not
+        # converted to a store's through shared memory between two barriers.
+        col = tl.min(h, axis=1) // 32
+        ptx.store_byte(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8), col < HIDDEN // 32,
+                       not INTERPRETED)
 
 
 @triton.jit
