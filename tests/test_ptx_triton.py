@@ -281,6 +281,17 @@ def test_quant_converts_with_flashinfers_instruction(build):
             assert not _ops(text, r"\bmax(?:\.\w+)*\.f32"), name
 
 
+def test_mxfp8_scales_are_stored_where_they_are_computed(build):
+    """A quant consumer stores each scale byte from the threads that reduced its block: no byte goes
+    through shared memory (a layout conversion between two barriers per chunk)."""
+    _, ptx = build
+    quant = {name: text for name, text in ptx.items() if "_quant" in name}
+    assert quant
+    for name, text in quant.items():
+        assert _ops(text, r"st\.global\.b8"), name
+        assert not _ops(text, r"(?:ld|st)\.shared\.(?:u8|b8|s8)"), name
+
+
 def test_only_local_streaming_consumers_cap_registers(chunked):
     """Parking the row, or holding it in a row of up to four chunks: 64 registers; the held twin of
     the consumer of x (rows of five to seven chunks): 96. The held forms hold and nothing else does."""
