@@ -41,6 +41,8 @@ Specialized by constexprs:
 - ``STREAMED``: cache hints for the bytes a call moves once: the contribution's inputs and the
   streams are loaded ``evict_first``, the streams out stored ``.cs`` (the layer input, which the
   next GEMM reads, is stored plainly). Which calls take them: ``traffic.STREAMED_ROWS``.
+- ``PREFETCH`` (the parked streaming form of x): each chunk's inputs are loaded while the chunk
+  before is mixed, and gamma a chunk ahead in the second pass (``plan.PARKED_PREFETCH_VARIANTS``).
 Every step follows the bit contract of ``lamport_mhc.reference``; see DESIGN.md.
 """
 
@@ -295,7 +297,7 @@ def consumer_kernel(
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     STREAMED: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr = False, UNROLL: tl.constexpr = 1,
+    PREFETCH: tl.constexpr,
 ):
     tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
     tl.static_assert(SPLIT <= ptx.MAX_CLUSTER, "a token's programs are one cluster")
@@ -400,7 +402,7 @@ def consumer_kernel(
                 if PREFETCH:
                     next_residual, next_x = _chunk_inputs(0, token, tile_rows, in_streams, residual_ptr, x_ptr,
                                                           HIDDEN, CHUNK, STREAMED)
-                for chunk in tl.range(CHUNKS, loop_unroll_factor=UNROLL):  # parked for the second pass
+                for chunk in range(CHUNKS):  # parked for the second pass
                     residual, x = None, None
                     if PREFETCH:  # the next chunk's loads in flight while this one is mixed
                         residual, x = next_residual, next_x

@@ -85,10 +85,14 @@ HELD_MAX_REGISTERS = 96
 # 150.7 / 289.3. (Parked rows of four chunks lost: quant M = 1024 26.2 against 25.6 at H = 4096.)
 HELD_MIN_ROWS = 5120
 
-# The parked streaming consumers of x: prefetch the next chunk's inputs while mixing one (PREFETCH)
-# and the unroll factor of their chunk loop (UNROLL).
-PARKED_PREFETCH = False
-PARKED_UNROLL = 1
+# The variants whose parked streaming consumers of x load the next chunk's inputs while mixing one
+# (``PREFETCH``), at the same 64 registers. One H200, tp = 1, CUDA graphs, us with / without: quant
+# H = 5120 M = 256 / 512 / 1024 / 2048 / 4096: 7.1 / 16.1 / 31.9 / 60.7 / 115.1 against 8.4 / 16.2 /
+# 32.2 / 61.3 / 115.6; H = 7168: 10.5 / 22.4 / 44.2 / 83.3 / 160.7 against 12.2 / 22.4 / 44.4 / 84.3 /
+# 161.8. Plain, where 64 registers spill the prefetch (8-20 bytes), lost from M = 512 (H = 7168:
+# 20.5 / 41.9 / 80.4 / 156.3 against 19.2 / 40.4 / 76.6 / 148.8); at 72 or 80 registers (7 or 6
+# programs per SM) both variants lost at M = 512-1024 (quant 5120 M = 1024: 34.9 / 35.0).
+PARKED_PREFETCH_VARIANTS = ("quant",)
 
 
 # The streaming consumers that do not hold their row park it between the two passes in the CTA's
@@ -173,8 +177,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                                  and variant != "residual", chunks):
                         parks = split == 1 and not hold and variant != "residual"
                         parked_bytes = parked_row_bytes(chunk, chunks, on_gpu) if parks else 0
-                        parked_loop = (dict(PREFETCH=PARKED_PREFETCH, UNROLL=PARKED_UNROLL)
-                                       if parks and local_streaming and publish.value == PUBLISH_X.value else {})
+                        prefetch = (parks and local_streaming and publish.value == PUBLISH_X.value
+                                    and variant in PARKED_PREFETCH_VARIANTS)
                         # The held twin runs from HELD_MIN_ROWS rows, past the hinted window.
                         for streamed in (False, True) if local_streaming and not twin else (False,):
                             name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "") + twin
@@ -185,7 +189,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                                 VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                                 PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
-                                PARKED_BYTES=parked_bytes, **parked_loop),
+                                PARKED_BYTES=parked_bytes, PREFETCH=prefetch),
                                 CONSUMER_SIGNATURE, warps,
                                 HELD_MAX_REGISTERS if twin else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,

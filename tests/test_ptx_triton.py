@@ -231,6 +231,13 @@ def test_rows_park_in_shared_memory_on_the_gpu_only_up_to_its_bound():
                for instance in plan.kernel_plan(spec, on_gpu=False).values())
 
 
+def test_only_parked_consumers_of_x_of_the_prefetching_variants_prefetch():
+    spec = BuildSpec(hidden=5120, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
+    prefetching = {name for name, instance in plan.kernel_plan(spec).items() if instance.constexprs.get("PREFETCH")}
+    assert prefetching == {f"local_{variant}{twin}" for variant in plan.PARKED_PREFETCH_VARIANTS
+                           for twin in ("", "_streamed")}
+
+
 def test_launch_shape_adds_the_parked_row_to_the_kernels_shared_memory():
     def compiled(shared):
         metadata = SimpleNamespace(name="consumer_kernel", num_warps=4, num_ctas=1, shared=shared)
