@@ -64,9 +64,9 @@ def cooperative_split(chunks: int) -> int | None:
 LOCAL_STREAMING_MAX_REGISTERS = 64
 
 
-# The local streaming consumers of x (not the finalize, whose gather bounds it) may hold the
-# prenormalized row in registers instead of parking it: rows of up to HELD_MAX_CHUNKS chunks, capped
-# at HELD_MAX_REGISTERS (5 programs per SM), or at the parked cap for rows of at most
+# The local streaming consumers of x (not the finalize, whose gather bounds it) have a twin that
+# holds the prenormalized row in registers instead of parking it: rows of up to HELD_MAX_CHUNKS
+# chunks, capped at HELD_MAX_REGISTERS (5 programs per SM), or at the parked cap for rows of at most
 # HELD_NARROW_CHUNKS chunks (8 programs per SM); no spill at H = 4096, 5120, 7168 (ptxas -v). One
 # H200, tp = 1, M = 1024 / 4096, against the row parked in layer_out: plain 42.4 / 150.8 us against
 # 45.0 / 170.6 at H = 7168, quant 166.7 against 188.7 at 4096; at H = 4096, 64 registers 24.7 / 87.5
@@ -76,13 +76,14 @@ HELD_MAX_CHUNKS = 7
 HELD_NARROW_CHUNKS = 4
 HELD_MAX_REGISTERS = 96
 
-# Rows of more than HELD_NARROW_CHUNKS chunks park in shared memory at 64 registers (8 programs per
-# SM) below HELD_MIN_ROWS rows and are held by the ``_held`` twin (5 per SM) from there: the held
-# form runs fewer instructions a row, but in few waves its last one leaves SMs idle. One H200, tp = 1,
-# CUDA graphs, parked against held, us: H = 5120 plain M = 512 / 2048 / 4096 / 6144 / 8192: 14.6 /
-# 55.5 / 106.6 / 157.5 / 208.7 against 15.2 / 58.4 / 107.6 / 156.7 / 206.1; quant 2048 / 8192: 61.1 /
-# 225.5 against 63.1 / 223.2; H = 7168 plain 2048 / 4096 / 8192: 77.1 / 148.8 / 294.6 against 82.0 /
-# 150.7 / 289.3. (Parked rows of four chunks lost: quant M = 1024 26.2 against 25.6 at H = 4096.)
+# Rows park in shared memory at 64 registers (8 programs per SM) below HELD_MIN_ROWS rows and are held
+# by the ``_held`` twin from there: the held form runs fewer instructions a row, but in few waves its
+# last one leaves SMs idle. One H200, tp = 1, CUDA graphs, parked against held, us: H = 5120 plain
+# M = 512 / 2048 / 4096 / 6144 / 8192: 14.6 / 55.5 / 106.6 / 157.5 / 208.7 against 15.2 / 58.4 /
+# 107.6 / 156.7 / 206.1; quant 2048 / 8192: 61.1 / 225.5 against 63.1 / 223.2; H = 7168 plain 2048 /
+# 4096 / 8192: 77.1 / 148.8 / 294.6 against 82.0 / 150.7 / 289.3. H = 4096 (held at 64 registers),
+# M = 256 / 512 / 1024 / 2048: quant 6.4 / 12.3 / 25.6 / 49.8 against 8.1 / 13.2 / 25.7 / 50.5, plain
+# 6.3 / 10.5 / 23.2 / 45.0 against 7.1 / 11.3 / 23.2 / 45.3 (CuTe: quant 7.5 / 11.7 / 24.1 / 46.8).
 HELD_MIN_ROWS = 5120
 
 # The variants whose parked streaming consumers of x load the next chunk's inputs while mixing one
@@ -110,14 +111,16 @@ def parked_row_bytes(chunk: int, chunks: int, on_gpu: bool) -> int:
 
 
 def _row_forms(may_hold: bool, chunks: int) -> tuple[tuple[bool, str], ...]:
-    """(HOLD, name suffix) of each form a streaming consumer is built in: parked; held (at the parked
-    form's registers); or, for rows of more than HELD_NARROW_CHUNKS chunks, parked and a ``_held``
-    twin (at HELD_MAX_REGISTERS)."""
+    """(HOLD, name suffix) of each form a streaming consumer is built in: parked, and where it may
+    hold the row, a ``_held`` twin."""
     if not may_hold or chunks > HELD_MAX_CHUNKS:
         return ((False, ""),)
-    if chunks <= HELD_NARROW_CHUNKS:
-        return ((True, ""),)
     return (False, ""), (True, "_held")
+
+
+def held_registers(chunks: int) -> int:
+    """The register cap of a ``_held`` twin of a row of ``chunks`` chunks."""
+    return LOCAL_STREAMING_MAX_REGISTERS if chunks <= HELD_NARROW_CHUNKS else HELD_MAX_REGISTERS
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
     ``local_finalize_plain``). Each consumer whose row has 2 to ``ptx.MAX_CLUSTER`` chunks also has
     a ``_split`` twin that spreads a token over a cluster of one program per chunk (the cooperative
     form); each local streaming consumer a ``_streamed`` twin with cache hints
-    (``traffic.STREAMED_ROWS``), and those of x with rows of 5-7 chunks a ``_held`` twin for calls
+    (``traffic.STREAMED_ROWS``), and those of x with rows of up to 7 chunks a ``_held`` twin for calls
     of at least ``HELD_MIN_ROWS`` rows."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
@@ -191,7 +194,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
                                 PARKED_BYTES=parked_bytes, PREFETCH=prefetch),
                                 CONSUMER_SIGNATURE, warps,
-                                HELD_MAX_REGISTERS if twin else
+                                held_registers(chunks) if twin else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.
                                 split if split > 1 and variant != "residual" else 1, parked_bytes)

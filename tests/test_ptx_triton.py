@@ -171,7 +171,7 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
     if tp == 1:
         assert names == {f"local{f}_plain{twin}" for f in ("", "_finalize") for twin in ("", "_streamed")} | (
             {"local_plain_split", "local_finalize_plain_split"} if cooperative else set()) | (
-            {"local_plain_held"} if plan.HELD_NARROW_CHUNKS < chunks <= plan.HELD_MAX_CHUNKS else set())
+            {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS else set())
 
 
 def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
@@ -300,8 +300,8 @@ def test_mxfp8_scales_are_stored_where_they_are_computed(build):
 
 
 def test_only_local_streaming_consumers_cap_registers(chunked):
-    """Parking the row, or holding it in a row of up to four chunks: 64 registers; the held twin of
-    the consumer of x (rows of five to seven chunks): 96. The held forms hold and nothing else does."""
+    """Parking the row: 64 registers; the held twin of the consumer of x (rows of up to seven chunks):
+    64 for rows of up to four chunks, else 96. The held twins hold and nothing else does."""
     tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
@@ -309,11 +309,10 @@ def test_only_local_streaming_consumers_cap_registers(chunked):
     for name, text in ptx.items():
         streaming = name.startswith("local") and not name.endswith("_split")
         held_twin = name.endswith("_held")
-        assert held_twin == (name == "local_plain_held" and not narrow and chunks <= plan.HELD_MAX_CHUNKS), name
-        held_narrow = narrow and streaming and not name.startswith("local_finalize")
-        assert instances[name].constexprs.get("HOLD", False) == (held_twin or held_narrow), name
-        assert (".maxnreg 64" in text) == (streaming and not held_twin), name
-        assert (".maxnreg 96" in text) == held_twin, name
+        assert held_twin == (name == "local_plain_held" and chunks <= plan.HELD_MAX_CHUNKS), name
+        assert instances[name].constexprs.get("HOLD", False) == held_twin, name
+        assert (".maxnreg 64" in text) == (streaming and not (held_twin and not narrow)), name
+        assert (".maxnreg 96" in text) == (held_twin and not narrow), name
 
 
 def test_bf16_rounding_is_one_conversion_a_pair(build):

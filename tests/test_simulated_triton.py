@@ -231,7 +231,7 @@ def test_local_calls_take_the_hinted_twins_in_their_window():
 
 
 def test_local_calls_of_many_rows_take_the_held_twins():
-    """Rows of five to seven chunks: local calls of x of at least ``held_rows`` rows run the ``_held``
+    """Rows of up to seven chunks: local calls of x of at least ``held_rows`` rows run the ``_held``
     twin (the row in registers), smaller calls the parked form; the finalize always parks. The bits
     are the reference's either way."""
     hidden = 2560

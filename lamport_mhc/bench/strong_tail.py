@@ -47,6 +47,9 @@ WIDE_WARPS = 16
 # software-pipelines (cp.async of the next pieces into shared memory, the row parked), by 4-16%; 16
 # warps, by 9-26%. Issuing the next piece's loads before this piece's mix changed nothing.
 HELD_WARPS_FACTOR = 2
+# The MXFP8 scales stored by the threads that computed them (``ptx.store_byte``), not converted to
+# a store's layout through shared memory.
+SCALES_IN_PLACE = True
 
 
 class StrongTail:
@@ -77,6 +80,7 @@ class StrongTail:
         # layer-input buffer.
         self.parked_bytes = 2 * hidden if self.form == "parked" and not interpret else 0
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
+        self.scales_in_place = SCALES_IN_PLACE
 
     def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
         from .strong_tail_kernels import strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
@@ -100,7 +104,7 @@ class StrongTail:
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
                     HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
                     SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, STREAMED=self.streamed, INTERPRETED=self.interpret,
-                    PARKED_BYTES=self.parked_bytes, extra_shared=self.parked_bytes)
+                    PARKED_BYTES=self.parked_bytes, SCALES_IN_PLACE=self.scales_in_place, extra_shared=self.parked_bytes)
             return
         partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
         _launch(tail_mix_kernel, (m, self.pieces), self.interpret, self.num_warps,
@@ -109,7 +113,7 @@ class StrongTail:
         _launch(tail_norm_kernel, (rows, self.pieces), self.interpret, self.num_warps,
                 layer_input, weight, partial, values, scales, m, eps, HIDDEN=self.hidden, CHUNK=self.chunk,
                 QUANT=self.quantize, PIECES_P2=1 << max(0, (self.pieces - 1).bit_length()),
-                INTERPRETED=self.interpret)
+                INTERPRETED=self.interpret, SCALES_IN_PLACE=self.scales_in_place)
 
 
 class StrongFinalize:

@@ -129,7 +129,7 @@ def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr
 
 @triton.jit
 def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN: tl.constexpr,
-                CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr):
+                CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr, SCALES_IN_PLACE: tl.constexpr):
     """RMSNorm of piece ``c`` from its bf16 prenorm [blocks, 32] (and its MXFP8 copy)."""
     h = _piece_blocks(c, CHUNK)
     gamma = _load_piece(weight_ptr + h, h, HIDDEN, CHUNK, "")
@@ -152,11 +152,16 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
             _store_piece(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8), h, HIDDEN, CHUNK, "")
         else:
             _store_piece(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv), h, HIDDEN, CHUNK, "")
-        # The blocks' scale columns reduced from h, as the scales are: stored in their layout, not
-        # converted to a store's through shared memory between two barriers.
-        col = tl.min(h, axis=1) // 32
-        ptx.store_byte(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8), col < HIDDEN // 32,
-                       not INTERPRETED)
+        if SCALES_IN_PLACE:
+            # The blocks' scale columns reduced from h, as the scales are: stored in their layout,
+            # not converted to a store's through shared memory between two barriers.
+            col = tl.min(h, axis=1) // 32
+            ptx.store_byte(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8),
+                           col < HIDDEN // 32, not INTERPRETED)
+        else:
+            col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
+            _store_piece(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8), col, HIDDEN // 32,
+                         CHUNK // 32, "")
 
 
 @triton.jit
@@ -165,7 +170,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
                        SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, STREAMED: tl.constexpr = False,
                        INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False,
-                       PARKED_BYTES: tl.constexpr = 0):
+                       PARKED_BYTES: tl.constexpr = 0, SCALES_IN_PLACE: tl.constexpr = True):
     """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them.
     The last piece is masked where CHUNK does not divide the row (the wide form)."""
     PIECES: tl.constexpr = (HIDDEN + CHUNK - 1) // CHUNK
@@ -190,7 +195,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
             else:
                 prenorm = _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK, PARKED_BYTES)
             _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN, CHUNK, QUANT,
-                        INTERPRETED)
+                        INTERPRETED, SCALES_IN_PLACE)
     elif QUANT:
         _zero_scales_of_padded_row(scales_ptr, row, HIDDEN, SCALE_COLS_P2)
 
@@ -218,7 +223,8 @@ def tail_mix_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, resi
 @triton.jit
 def tail_norm_kernel(layer_ptr, weight_ptr, partial_ptr, values_ptr, scales_ptr, m, eps,
                      HIDDEN: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr, PIECES_P2: tl.constexpr,
-                     INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False):
+                     INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False,
+                     SCALES_IN_PLACE: tl.constexpr = True):
     _dependent_launch(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -228,7 +234,7 @@ def tail_norm_kernel(layer_ptr, weight_ptr, partial_ptr, values_ptr, scales_ptr,
         partial = tl.load(partial_ptr + row64 * (HIDDEN // CHUNK) + pieces, mask=pieces < HIDDEN // CHUNK, other=0.0)
         inv = tl.math.rsqrt(tl.sum(partial, axis=0) / HIDDEN + eps)
         _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
-                    _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED)
+                    _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED, SCALES_IN_PLACE)
     else:
         if QUANT:  # a padded row: this piece's scale bytes are 0
             col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
