@@ -47,9 +47,12 @@ WIDE_WARPS = 16
 # software-pipelines (cp.async of the next pieces into shared memory, the row parked), by 4-16%; 16
 # warps, by 9-26%. Issuing the next piece's loads before this piece's mix changed nothing.
 HELD_WARPS_FACTOR = 2
-# The MXFP8 scales stored by the threads that computed them (``ptx.store_byte``), not converted to
-# a store's layout through shared memory.
-SCALES_IN_PLACE = True
+# Which forms store the MXFP8 scales from the threads that computed them (``ptx.store_byte``) instead
+# of converting them to a store's layout through shared memory (two barriers a piece). One H200,
+# quant, held-streamed, us in place / converted: H = 4096 M = 1024 / 2048 26.3 / 25.9, 50.2 / 49.6;
+# H = 5120 32.3 / 31.2, 62.3 / 61.5. The parked form stores in place (as in the bench run where it
+# was the fastest at H = 7168, M = 512-2048).
+SCALES_IN_PLACE_FORMS = ("parked",)
 
 
 class StrongTail:
@@ -80,7 +83,7 @@ class StrongTail:
         # layer-input buffer.
         self.parked_bytes = 2 * hidden if self.form == "parked" and not interpret else 0
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
-        self.scales_in_place = SCALES_IN_PLACE
+        self.scales_in_place = self.form in SCALES_IN_PLACE_FORMS
 
     def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
         from .strong_tail_kernels import strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
@@ -113,7 +116,7 @@ class StrongTail:
         _launch(tail_norm_kernel, (rows, self.pieces), self.interpret, self.num_warps,
                 layer_input, weight, partial, values, scales, m, eps, HIDDEN=self.hidden, CHUNK=self.chunk,
                 QUANT=self.quantize, PIECES_P2=1 << max(0, (self.pieces - 1).bit_length()),
-                INTERPRETED=self.interpret, SCALES_IN_PLACE=self.scales_in_place)
+                INTERPRETED=self.interpret)
 
 
 class StrongFinalize:

@@ -170,7 +170,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
                        SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, STREAMED: tl.constexpr = False,
                        INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False,
-                       PARKED_BYTES: tl.constexpr = 0, SCALES_IN_PLACE: tl.constexpr = True):
+                       PARKED_BYTES: tl.constexpr = 0, SCALES_IN_PLACE: tl.constexpr = False):
     """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them.
     The last piece is masked where CHUNK does not divide the row (the wide form)."""
     PIECES: tl.constexpr = (HIDDEN + CHUNK - 1) // CHUNK
@@ -223,8 +223,7 @@ def tail_mix_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, resi
 @triton.jit
 def tail_norm_kernel(layer_ptr, weight_ptr, partial_ptr, values_ptr, scales_ptr, m, eps,
                      HIDDEN: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr, PIECES_P2: tl.constexpr,
-                     INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False,
-                     SCALES_IN_PLACE: tl.constexpr = True):
+                     INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False):
     _dependent_launch(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -234,7 +233,7 @@ def tail_norm_kernel(layer_ptr, weight_ptr, partial_ptr, values_ptr, scales_ptr,
         partial = tl.load(partial_ptr + row64 * (HIDDEN // CHUNK) + pieces, mask=pieces < HIDDEN // CHUNK, other=0.0)
         inv = tl.math.rsqrt(tl.sum(partial, axis=0) / HIDDEN + eps)
         _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
-                    _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED, SCALES_IN_PLACE)
+                    _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED, False)
     else:
         if QUANT:  # a padded row: this piece's scale bytes are 0
             col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
