@@ -163,8 +163,8 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     scaled = tl.reshape(bf16_to_f32(layer, ON_GPU), (CHUNK // 32, 32)) * inverse_scale(scale)[:, None]
     codes = tl.reshape(f32_to_e4m3(scaled, ON_GPU), (CHUNK,))
     tl.store(values_ptr + token * HIDDEN + h, codes, mask=h < HIDDEN)
-    # The blocks' columns reduced from h, as the scales are: in their layout, stored where they
-    # were computed.
+    # Each block's column, reduced from h as its scale was: both share the scales' layout, so the
+    # threads that computed a scale store it (no layout conversion through shared memory).
     cols = tl.min(tl.reshape(h, (CHUNK // 32, 32)), axis=1) // 32
     ptx.store_byte(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), cols < COLS, ON_GPU)
     # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into
@@ -224,15 +224,22 @@ def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, valu
 
 
 @triton.jit
+def _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED: tl.constexpr):
+    """The token's streams at columns ``h``: one [BLOCK_HC, CHUNK] tile."""
+    LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
+    return tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :], other=0,
+                   eviction_policy=LOAD_POLICY).to(tl.int32)
+
+
+@triton.jit
 def _chunk_inputs(chunk, token, tile_rows, in_streams, residual_ptr, x_ptr, HIDDEN: tl.constexpr,
                   CHUNK: tl.constexpr, STREAMED: tl.constexpr):
     """The streams and ``x`` of chunk ``chunk`` (``_take_chunk``'s loads), issued ahead of their use;
     past the row every lane is masked off, so the loop's last prefetch moves nothing."""
     h = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = h < HIDDEN
+    residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
-    residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
-                       other=0, eviction_policy=LOAD_POLICY).to(tl.int32)
     x = tl.load(x_ptr + token * HIDDEN + h, mask=in_row, other=0, eviction_policy=LOAD_POLICY)
     return residual, x
 
@@ -251,9 +258,7 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, 
     h = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = h < HIDDEN
     if residual is None:
-        LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
-        residual = tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :],
-                           other=0, eviction_policy=LOAD_POLICY).to(tl.int32)
+        residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
     if x is not None:
         reduced = canonical_zero(x)
     elif LOCAL:
