@@ -84,9 +84,8 @@ class TritonKernels:
         self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
         self._ll_multicast = 0 if workspace.ll is None else workspace.ll.multicast
         # Compiled cooperative local consumers, their own shared memory and the spreads their calls
-        # choose from (``spread``).
-        # A compiled kernel is shared by every build with the same constexprs, so each launch sets
-        # its own shared memory.
+        # choose from (``spread``). A compiled kernel is shared by every build with the same
+        # constexprs, so each launch sets its own shared memory.
         self._spreads: dict[str, tuple[object, int, tuple[Spread, ...]]] = {}
         if not interpret:
             self._compile_all()
