@@ -17,7 +17,7 @@ from lamport_mhc.workspace import Workspace
 from .interpret import launch_interpreted
 from .launch_shape import set_launch_shape, set_launch_shared_bytes
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
-from .plan import HELD_MIN_ROWS, cooperative_split, kernel_plan, row_chunks
+from .plan import HELD_MIN_ROWS, cooperative_split, kernel_plan, row_chunks, wide_tiles_row
 from .spread import Spread, choose, measure_spreads
 
 PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
@@ -36,6 +36,19 @@ COOPERATIVE_PROGRAMS_PER_SM = 7
 # the spread lost at H 4096, M 64 (plain 3.7 us against 3.4 unspread, quant 4.1 against 3.8); a
 # floor of 3 or 5 CTAs per SM did not win those back (3.7 / 3.9 and 4.1 / 4.4) and 5 lost elsewhere.
 SPREAD_MIN_CTAS_PER_SM = 1
+
+# Local streaming calls take the ``_wide`` twins (chunks twice as wide, twice the warps), where the
+# plan has them, when they have at most WIDE_ROWS_PER_SM rows per SM (their 4-warp programs would
+# leave an SM 8 warps or fewer) and, where the wide chunks tile the row, from a full wave of wide
+# programs (TILED_WIDE_MIN_ROWS_PER_SM: 4 of 8 warps at 64 registers), before the held twins. One
+# H200, tp = 1, us wide / not: H 7168 M 192 / 256 plain 7.6 / 8.3, 9.0 / 10.5, finalize 11.0 / 12.9,
+# 15.7 / 19.4; H 5120 M 256 plain 6.5 / 7.4, finalize 9.2 / 10.5; H 4096 M 256 / 1024 / 2048 / 4096 /
+# 8192 quant 6.1 / 6.3, 24.6 / 25.3, 47.7 / 49.4, 91.2 / 93.9, 177.2 / 185.4 (held), plain 8192 165.0 /
+# 168.7 (held). Between them wide lost: H 4096 M 384 quant 9.5 / 7.9, finalize 14.6 / 11.3 (M 512
+# 16.2 / 15.7); H 7168 M 384 plain 17.4 / 16.7, finalize 23.9 / 21.6. The quant variant's wide twin,
+# where it overhangs the row, lost everywhere (H 7168 M 256 / 1024: 10.7 / 10.3, 45.5 / 44.7).
+WIDE_ROWS_PER_SM = 2
+TILED_WIDE_MIN_ROWS_PER_SM = 4
 
 
 class TritonBackend:
@@ -78,6 +91,12 @@ class TritonKernels:
         self.streamed_rows = STREAMED_ROWS
         # Local calls of at least this many rows take the held twins, where the plan has them.
         self.held_rows = HELD_MIN_ROWS
+        # Local streaming calls of at most wide_rows[0] or at least wide_rows[1] rows take the wide
+        # twins, where the plan has them (the interpreter: where they tile the row).
+        tiled = wide_tiles_row(spec.hidden)
+        self.wide_rows = ((0, 0 if tiled else 1 << 62) if interpret else
+                          (WIDE_ROWS_PER_SM * self.resident, TILED_WIDE_MIN_ROWS_PER_SM * self.resident if tiled
+                           else 1 << 62))
         self.l2_bytes = None if interpret else properties.L2_cache_size
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
@@ -106,6 +125,12 @@ class TritonKernels:
             split = split and m * self.chunks <= self.resident
         return self.cooperative_split if split else 1
 
+    def _resident_clusters(self, name: str) -> int:
+        """How many clusters of a cooperative local kernel the GPU holds at once (unbounded where
+        unmeasured: the interpreter, or no spread)."""
+        spreads = self._spreads[name][2] if name in self._spreads else ()
+        return max((spread.clusters for spread in spreads), default=1 << 62)
+
     # -- launching -------------------------------------------------------------------------------
     def _launch(self, name: str, grid, *args, **overrides):
         """``grid`` counts programs; ``overrides`` replace constexprs, only the interpreter takes them
@@ -130,8 +155,12 @@ class TritonKernels:
         which runs programs one after another, runs a cooperative form's normalize as a second
         launch, once every program has left its chunk root."""
         split = self._split(m, waits_for_twins)
+        wide = (m <= self.wide_rows[0] or m >= self.wide_rows[1]) and f"{name}_wide" in self.plan
         held = m >= self.held_rows and f"{name}_held" in self.plan
-        name += "_split" if split > 1 else "_held" if held else "_streamed" if streamed else ""
+        name += "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
+        if split > 1 and m > self._resident_clusters(name) and f"{name}_capped" in self.plan:
+            name += "_capped"
+        name += "_streamed" if streamed and split == 1 and not held else ""
         if not self.interpret:
             if phases != "both":
                 raise ValueError(f"{name}: a compiled kernel runs all its phases in one launch, got {phases!r}")

@@ -84,6 +84,7 @@ HELD_MAX_REGISTERS = 96
 # 4096 / 8192: 77.1 / 148.8 / 294.6 against 82.0 / 150.7 / 289.3. H = 4096 (held at 64 registers),
 # M = 256 / 512 / 1024 / 2048: quant 6.4 / 12.3 / 25.6 / 49.8 against 8.1 / 13.2 / 25.7 / 50.5, plain
 # 6.3 / 10.5 / 23.2 / 45.0 against 7.1 / 11.3 / 23.2 / 45.3 (CuTe: quant 7.5 / 11.7 / 24.1 / 46.8).
+# Where the wide twins tile the row (H = 4096) they take those calls instead (``backend.WIDE_ROWS_PER_SM``).
 HELD_MIN_ROWS = 5120
 
 # The variants whose parked streaming consumers of x load the next chunk's inputs while mixing one
@@ -110,12 +111,24 @@ def parked_row_bytes(chunk: int, chunks: int, on_gpu: bool) -> int:
     return row_bytes if on_gpu and row_bytes <= SHARED_PARK_MAX_BYTES else 0
 
 
-def _row_forms(may_hold: bool, chunks: int) -> tuple[tuple[bool, str], ...]:
-    """(HOLD, name suffix) of each form a streaming consumer is built in: parked, and where it may
-    hold the row, a ``_held`` twin."""
-    if not may_hold or chunks > HELD_MAX_CHUNKS:
-        return ((False, ""),)
-    return (False, ""), (True, "_held")
+def wide_tiles_row(hidden: int) -> bool:
+    """Whether the ``_wide`` twins' chunks tile the row exactly (H = 4096: 2 x 2048)."""
+    chunk, chunks = row_chunks(hidden)
+    return chunks > 1 and hidden % (2 * chunk) == 0
+
+
+def _row_forms(may_hold: bool, may_widen: bool, chunk: int, chunks: int, hidden: int) -> tuple[tuple, ...]:
+    """(HOLD, CHUNK, CHUNKS, name suffix) of each form a streaming consumer is built in: parked; where
+    it may widen, a ``_wide`` twin parked in chunks twice as wide (twice the warps, the last chunk
+    masked where they overhang the row); where it may hold the row, a ``_held`` twin, but where the
+    wide twin tiles the row (which then takes the calls of many rows, ``backend.WIDE_ROWS_PER_SM``)."""
+    forms = [(False, chunk, chunks, "")]
+    widens = may_widen and chunks > 1
+    if may_hold and chunks <= HELD_MAX_CHUNKS and not (widens and wide_tiles_row(hidden)):
+        forms.append((True, chunk, chunks, "_held"))
+    if widens:
+        forms.append((False, 2 * chunk, -(-hidden // (2 * chunk)), "_wide"))
+    return tuple(forms)
 
 
 def held_registers(chunks: int) -> int:
@@ -148,9 +161,11 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
     """Every kernel a build launches, keyed by name (e.g. ``publish_ll``, ``consumer_bt_quant``,
     ``local_finalize_plain``). Each consumer whose row has 2 to ``ptx.MAX_CLUSTER`` chunks also has
     a ``_split`` twin that spreads a token over a cluster of one program per chunk (the cooperative
-    form); each local streaming consumer a ``_streamed`` twin with cache hints
-    (``traffic.STREAMED_ROWS``), and those of x with rows of up to 7 chunks a ``_held`` twin for calls
-    of at least ``HELD_MIN_ROWS`` rows."""
+    form), the local ones a ``_capped`` twin of it at 64 registers for calls of more tokens than the
+    GPU holds clusters of it at once; each local streaming consumer a ``_streamed`` twin with cache
+    hints (``traffic.STREAMED_ROWS``), a ``_wide`` one for rows of two or more chunks (``_row_forms``)
+    and those of x with rows of up to 7 chunks a ``_held`` twin for calls of at least ``HELD_MIN_ROWS``
+    rows."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)
@@ -176,26 +191,33 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
             for variant in spec.variants:
                 for split in sorted({1, cooperative_split(chunks) or 1}):
                     local_streaming = split == 1 and protocol == LOCAL
-                    for hold, twin in _row_forms(local_streaming and publish.value == PUBLISH_X.value
-                                                 and variant != "residual", chunks):
-                        parks = split == 1 and not hold and variant != "residual"
-                        parked_bytes = parked_row_bytes(chunk, chunks, on_gpu) if parks else 0
+                    normalizes = variant != "residual"
+                    # The quant variant's wide twin only where it tiles the row (it lost where it overhangs).
+                    forms = _row_forms(local_streaming and publish.value == PUBLISH_X.value and normalizes,
+                                       local_streaming and normalizes
+                                       and (variant != "quant" or wide_tiles_row(spec.hidden)),
+                                       chunk, chunks, spec.hidden)
+                    if split > 1 and protocol == LOCAL and normalizes:
+                        forms = (False, chunk, chunks, ""), (False, chunk, chunks, "_capped")
+                    for hold, form_chunk, form_chunks, twin in forms:
+                        parks = split == 1 and not hold and normalizes
+                        parked_bytes = parked_row_bytes(form_chunk, form_chunks, on_gpu) if parks else 0
                         prefetch = (parks and local_streaming and publish.value == PUBLISH_X.value
                                     and variant in PARKED_PREFETCH_VARIANTS)
                         # The held twin runs from HELD_MIN_ROWS rows, past the hinted window.
-                        for streamed in (False, True) if local_streaming and not twin else (False,):
+                        for streamed in (False, True) if local_streaming and twin != "_held" else (False,):
                             name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "") + twin
                                     + ("_streamed" if streamed else ""))
                             plan[name] = KernelInstance(name, consumer_kernel, dict(
                                 common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k,
-                                BLOCK_HC=_pow2_at_least(spec.hc), CHUNK=chunk, CHUNKS=chunks,
-                                ROOTS=_pow2_at_least(chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
+                                BLOCK_HC=_pow2_at_least(spec.hc), CHUNK=form_chunk, CHUNKS=form_chunks,
+                                ROOTS=_pow2_at_least(form_chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                                 VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                                 PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
                                 PARKED_BYTES=parked_bytes, PREFETCH=prefetch),
-                                CONSUMER_SIGNATURE, warps,
-                                held_registers(chunks) if twin else
-                                LOCAL_STREAMING_MAX_REGISTERS if local_streaming else None,
+                                CONSUMER_SIGNATURE, row_warps(form_chunk),
+                                held_registers(chunks) if hold else
+                                LOCAL_STREAMING_MAX_REGISTERS if local_streaming or twin == "_capped" else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.
-                                split if split > 1 and variant != "residual" else 1, parked_bytes)
+                                split if split > 1 and normalizes else 1, parked_bytes)
     return plan

@@ -135,6 +135,10 @@ def test_no_pdl_build_has_no_griddepcontrol():
         assert "griddepcontrol" not in text, name
 
 
+# Name suffixes of a consumer's twins (plan.kernel_plan).
+TWINS = ("_split", "_capped", "_streamed", "_held", "_wide")
+
+
 def _chunked_spec(tp: int, hidden: int) -> BuildSpec:
     return BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=tp, rank=0, bt=tp > 1,
                      ll_one_kernel_rows=64 if tp > 1 else 0)
@@ -164,14 +168,16 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
             assert "griddepcontrol.wait" in text, name
     # Rows of 2-8 chunks also build the latency form of every consumer.
     consumers = {n for n in names
-                 if n.startswith(("consumer", "one_kernel", "local"))
-                 and not n.endswith(("_split", "_streamed", "_held"))}
+                 if n.startswith(("consumer", "one_kernel", "local")) and not n.endswith(TWINS)}
     cooperative = 1 < chunks <= 8  # a token's programs are one cluster
     assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if cooperative else set())
     if tp == 1:
-        assert names == {f"local{f}_plain{twin}" for f in ("", "_finalize") for twin in ("", "_streamed")} | (
-            {"local_plain_split", "local_finalize_plain_split"} if cooperative else set()) | (
-            {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS else set())
+        tiled = plan.wide_tiles_row(hidden)
+        assert names == {f"local{f}_plain{form}{twin}" for f in ("", "_finalize") for form in ("", "_wide")
+                         for twin in ("", "_streamed")} | (
+            {f"local{f}_plain_split{twin}" for f in ("", "_finalize") for twin in ("", "_capped")}
+            if cooperative else set()) | (
+            {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS and not tiled else set())
 
 
 def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
@@ -182,9 +188,9 @@ def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
     tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
-    assert any(n.endswith("_split") for n in ptx) == (1 < chunks <= 8)
+    assert any("_split" in n for n in ptx) == (1 < chunks <= 8)
     for name, text in ptx.items():
-        exchanges = name.endswith("_split") and "_residual" not in name
+        exchanges = "_split" in name and "_residual" not in name
         assert instances[name].cluster == (chunks if exchanges else 1), name
         assert not _ops(text, r"ld\.relaxed"), name
         if not exchanges:
@@ -212,7 +218,7 @@ def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
         parks = constexprs.get("SPLIT") == 1 and not constexprs["HOLD"] and "_residual" not in name
         if parks:
             parking.append(name)
-        expected_bytes = 2 * chunk * chunks if parks else 0
+        expected_bytes = 2 * constexprs.get("CHUNK", 0) * constexprs.get("CHUNKS", 0) if parks else 0
         assert instances[name].parked_bytes == constexprs.get("PARKED_BYTES", 0) == expected_bytes, name
         assert bool(_ops(text, r"st\.shared\.v4\.b32 \[a\]")) == parks, name
         assert bool(_ops(text, r"ld\.shared\.v4\.b32 \{[^}]+\}, \[a\]")) == parks, name
@@ -272,7 +278,8 @@ def test_streamed_twins_hint_what_passes_once(chunked):
         if streamed:
             assert name.removesuffix("_streamed") in ptx, name
     assert {n.removesuffix("_streamed") for n in ptx if n.endswith("_streamed")} == (
-        {n for n in ptx if n.startswith("local") and not n.endswith(("_split", "_streamed", "_held"))} if tp == 1
+        {n for n in ptx if n.startswith("local") and not n.endswith(("_split", "_capped", "_streamed", "_held"))}
+        if tp == 1
         else set())
 
 
@@ -288,31 +295,45 @@ def test_quant_converts_with_flashinfers_instruction(build):
             assert not _ops(text, r"\bmax(?:\.\w+)*\.f32"), name
 
 
-def test_mxfp8_scales_are_stored_where_they_are_computed(build):
-    """A quant consumer stores each scale byte from the threads that reduced its block: no byte goes
-    through shared memory (a layout conversion between two barriers per chunk)."""
-    _, ptx = build
-    quant = {name: text for name, text in ptx.items() if "_quant" in name}
-    assert quant
-    for name, text in quant.items():
-        assert _ops(text, r"st\.global\.b8"), name
-        assert not _ops(text, r"(?:ld|st)\.shared\.(?:u8|b8|s8)"), name
-
-
 def test_only_local_streaming_consumers_cap_registers(chunked):
-    """Parking the row: 64 registers; the held twin of the consumer of x (rows of up to seven chunks):
-    64 for rows of up to four chunks, else 96. The held twins hold and nothing else does."""
+    """Parking the row: 64 registers; the held twin of the consumer of x (rows of up to seven chunks
+    that the wide twin does not tile): 64 for rows of up to four chunks, else 96; the capped twin of
+    a local cooperative form: 64. The held twins hold and nothing else does."""
     tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
     narrow = chunks <= plan.HELD_NARROW_CHUNKS
     for name, text in ptx.items():
-        streaming = name.startswith("local") and not name.endswith("_split")
+        streaming = name.startswith("local") and "_split" not in name
         held_twin = name.endswith("_held")
-        assert held_twin == (name == "local_plain_held" and chunks <= plan.HELD_MAX_CHUNKS), name
+        assert held_twin == (name == "local_plain_held" and chunks <= plan.HELD_MAX_CHUNKS
+                             and not plan.wide_tiles_row(hidden)), name
         assert instances[name].constexprs.get("HOLD", False) == held_twin, name
-        assert (".maxnreg 64" in text) == (streaming and not (held_twin and not narrow)), name
+        if name.endswith("_capped"):
+            assert tp == 1 and name.startswith("local") and "_split" in name, name
+        assert (".maxnreg 64" in text) == ((streaming and not (held_twin and not narrow))
+                                          or name.endswith("_capped")), name
         assert (".maxnreg 96" in text) == (held_twin and not narrow), name
+
+
+def test_wide_twins_walk_the_row_in_chunks_twice_as_wide(chunked):
+    """Each local streaming consumer of rows of two or more chunks has a ``_wide`` twin (and its
+    hinted one): chunks twice as wide, twice the warps, 16-byte accesses still; the quant variant's
+    only where they tile the row."""
+    tp, hidden, ptx = chunked
+    chunk, chunks = plan.row_chunks(hidden)
+    instances = plan.kernel_plan(_chunked_spec(tp, hidden))
+    wide = {n for n in ptx if "_wide" in n}
+    assert wide == ({n.replace("_plain", "_plain_wide") for n in ptx if n in ("local_plain", "local_plain_streamed",
+                                                                            "local_finalize_plain",
+                                                                            "local_finalize_plain_streamed")}
+                    if tp == 1 and chunks > 1 else set())
+    for name in wide:
+        narrow = instances[name.replace("_wide", "")]
+        assert instances[name].constexprs["CHUNK"] == 2 * chunk and instances[name].num_warps == 2 * narrow.num_warps
+        assert instances[name].constexprs["CHUNKS"] == -(-hidden // (2 * chunk)), name
+    quant = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
+    assert ("local_quant_wide" in plan.kernel_plan(quant)) == plan.wide_tiles_row(hidden)
 
 
 def test_bf16_rounding_is_one_conversion_a_pair(build):

@@ -10,6 +10,7 @@ from lamport_mhc.paths import FusedPath
 from lamport_mhc.testing import assert_outputs_match, call_simulated, check_simulated, random_inputs
 from lamport_mhc.traffic import STREAMED_ROWS
 from kernels_triton.plan import HELD_MIN_ROWS, row_chunks
+from kernels_triton.spread import Spread
 
 EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps
 
@@ -247,3 +248,38 @@ def test_local_calls_of_many_rows_take_the_held_twins():
     for m, variant in ((2, "plain"), (3, "plain"), (4, "quant"), (3, "finalize")):
         check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_plain", "local_plain_held", "local_quant_held", "local_finalize_plain"]
+
+
+def test_local_calls_take_the_wide_twins_outside_their_window():
+    """Local streaming calls of at most ``wide_rows[0]`` or at least ``wide_rows[1]`` rows run the
+    ``_wide`` twins (chunks twice as wide) where the plan has them: plain and finalize; quant only
+    where they tile the row, and there the held twin is not built. The bits are the reference's."""
+    hidden = 1408  # 3 chunks of 512; the wide twins' 2 x 1024 overhang the row
+    group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
+                           quantize_layer_input=True, split_rows=0)
+    kernels = group.paths[0].kernels["triton"]
+    assert kernels.wide_rows[0] == 0 and kernels.wide_rows[1] > CAPACITY  # the interpreter: never here
+    kernels.wide_rows = (1, 4)
+    launched = []
+    launch = kernels._launch
+    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    for m, variant in ((1, "plain"), (2, "plain"), (4, "finalize"), (1, "quant")):
+        check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
+    assert launched == ["local_plain_wide", "local_plain", "local_finalize_plain_wide", "local_quant"]
+    tiled = SimulatedGroup(1, hidden_size=2048, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
+                           quantize_layer_input=True, split_rows=0).paths[0].kernels["triton"]
+    assert tiled.wide_rows == (0, 0) and "local_quant_wide" in tiled.plan and "local_plain_held" not in tiled.plan
+
+
+def test_cooperative_calls_past_the_resident_clusters_take_the_capped_twin():
+    """A local cooperative call of more tokens than the GPU holds clusters of the split kernel at
+    once runs its ``_capped`` twin (fewer registers, more clusters resident); the bits are the same."""
+    group = SimulatedGroup(1, hidden_size=1408, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=4)
+    kernels = group.paths[0].kernels["triton"]
+    kernels._spreads["local_plain_split"] = (None, 0, (Spread(ctas_per_sm=8, clusters=2, shared_bytes=0),))
+    launched = []
+    launch = kernels._launch
+    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    for m in (2, 3):
+        check_simulated(group, random_inputs(1, m, 1408, HC, seed=m, top_k=TOP_K), "plain", EPS)
+    assert launched == ["local_plain_split"] * 2 + ["local_plain_split_capped"] * 2  # mix, then normalize
