@@ -150,17 +150,21 @@ class TritonKernels:
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
                          streamed: bool = False):
-        """One launch of ``m * split`` programs (a token's adjacent); a streaming form by its held
-        twin from ``held_rows`` rows, else with ``streamed`` by its hinted twin. The interpreter,
+        """One launch of ``m * split`` programs (a token's adjacent): the cooperative form, by its
+        capped twin past its resident clusters; or a streaming form, by its wide twin in
+        ``wide_rows``' windows, else its held twin from ``held_rows`` rows, and the parked or wide
+        one with ``streamed`` by its hinted twin. The interpreter,
         which runs programs one after another, runs a cooperative form's normalize as a second
         launch, once every program has left its chunk root."""
         split = self._split(m, waits_for_twins)
         wide = (m <= self.wide_rows[0] or m >= self.wide_rows[1]) and f"{name}_wide" in self.plan
         held = m >= self.held_rows and f"{name}_held" in self.plan
-        name += "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
-        if split > 1 and m > self._resident_clusters(name) and f"{name}_capped" in self.plan:
+        form = "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
+        name += form
+        if form == "_split" and m > self._resident_clusters(name) and f"{name}_capped" in self.plan:
             name += "_capped"
-        name += "_streamed" if streamed and split == 1 and not held else ""
+        if streamed and form in ("", "_wide"):
+            name += "_streamed"
         if not self.interpret:
             if phases != "both":
                 raise ValueError(f"{name}: a compiled kernel runs all its phases in one launch, got {phases!r}")
