@@ -32,8 +32,7 @@ def _launch(kernel, grid, interpret: bool, num_warps: int, *args, extra_shared: 
     kernel[grid](*args, **options)
 
 
-STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed", "parked-streamed",
-              "wideparked-streamed")
+STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed", "parked-streamed")
 # The wide form's warps: the held form with pieces of 8 columns a thread (16-byte accesses), the last
 # piece masked where it overhangs the row. On one H200 (streamed hints) the bench took it at
 # M = 32-128 at H 4096 and 100-128 at 5120; 16 warps capped at 64 registers (2 programs per SM,
@@ -46,11 +45,10 @@ WIDE_WARPS = 16
 # M = 1024 (23.3 against 25.0 at H = 4096, 42.3 against 44.4 at 7168) but 111.1 at 4096. Slower
 # than the held form at M = 1024 / 4096 (every H, plain and quant): a persistent kernel that Triton
 # software-pipelines (cp.async of the next pieces into shared memory, the row parked), by 4-16%; 16
-# warps, by 9-26%. Issuing the next piece's loads before this piece's mix changed nothing.
+# warps, by 9-26%. Issuing the next piece's loads before this piece's mix changed nothing. The parked
+# form in pieces of 2048 with 8 warps (as the fused kernels' wide twins) took 23.0 / 45.0 us at
+# H 4096 plain M = 1024 / 2048 (the rows' forms 23.0 / 44.6) and 29.8 / 63.4 quant (25.6 / 49.4).
 HELD_WARPS_FACTOR = 2
-# The wide parked form: the parked form in pieces of 8 columns a thread of this many warps (H 4096:
-# two pieces of 2048), as the fused kernels' wide twins walk the row.
-WIDE_PARKED_WARPS = 8
 # Which forms store the MXFP8 scales from the threads that computed them (``ptx.store_byte``) instead
 # of converting them to a store's layout through shared memory (two barriers a piece). One H200,
 # quant, held-streamed, us in place / converted: H = 4096 M = 1024 / 2048 26.3 / 25.9, 50.2 / 49.6;
@@ -81,13 +79,11 @@ class StrongTail:
         self.chunk = _chunk(hidden)
         self.pieces = hidden // self.chunk
         self.warps = num_warps * (HELD_WARPS_FACTOR if self.form == "held" else 1)  # the row forms' warps
-        if self.form in ("wide", "wideparked"):
-            self.warps = WIDE_WARPS if self.form == "wide" else WIDE_PARKED_WARPS
-            self.chunk = 8 * 32 * self.warps
-        # The parked forms: the row form with its prenorm in shared memory (on the GPU), not in the
-        # layer-input buffer; the last piece's overhang too.
-        parks = self.form in ("parked", "wideparked") and not interpret
-        self.parked_bytes = 2 * -(-hidden // self.chunk) * self.chunk if parks else 0
+        if self.form == "wide":
+            self.warps, self.chunk = WIDE_WARPS, 8 * 32 * WIDE_WARPS
+        # The parked form: the row form with its prenorm in shared memory (on the GPU), not in the
+        # layer-input buffer.
+        self.parked_bytes = 2 * hidden if self.form == "parked" and not interpret else 0
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
         self.scales_in_place = self.form in SCALES_IN_PLACE_FORMS
 
@@ -107,7 +103,7 @@ class StrongTail:
         else:
             values = scales = layer_input  # unused pointers
             rows = m
-        if self.form in ("row", "held", "wide", "parked", "wideparked"):
+        if self.form in ("row", "held", "wide", "parked"):
             hold = self.form in ("held", "wide")
             _launch(strong_tail_kernel, (rows,), self.interpret, self.warps,
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,

@@ -13,8 +13,7 @@ The tail comes in two forms, as engines pick kernels by M:
 - the same kernel with ``PARKED_BYTES``: the prenorm parked in shared memory past Triton's own (the
   launch adds the row's bytes), not in the layer-input buffer.
 - the held kernel with a wide ``CHUNK`` (8 columns a thread of 16 warps), its last piece masked
-  where it overhangs the row: each load round of a program is bigger; the parked one likewise with
-  8 warps (``wideparked``).
+  where it overhangs the row: each load round of a program is bigger.
 - ``tail_mix_kernel`` then ``tail_norm_kernel``, one program per (token, piece) (small M, where one
   program's walk over the pieces is latency, not bandwidth): the mix writes each piece's sum of
   squares, the norm adds a row's partial sums before normalizing its piece.
