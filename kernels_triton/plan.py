@@ -60,7 +60,8 @@ def cooperative_split(chunks: int) -> int | None:
 # The register cap of the local streaming consumers that park the row: 64 x 128 threads lets 8
 # programs share an SM (4 warps each) where the compiler takes 72-95, spilling nothing (the
 # finalize: 12 bytes) at H = 4096-7168 (ptxas -v). The mailbox consumers, which hold more across
-# their spin, would spill; the cooperative forms run a wave or less. Both keep the compiler's choice.
+# their spin, would spill; the cooperative forms run a wave or less. Both keep the compiler's choice
+# (but the local cooperative forms' ``_capped`` twins, for calls past the wave the uncapped one holds).
 LOCAL_STREAMING_MAX_REGISTERS = 64
 
 
