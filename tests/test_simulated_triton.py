@@ -209,6 +209,14 @@ def test_latency_form_bound_and_residency():
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
 
 
+def _recording_launches(kernels) -> list[str]:
+    """The names of the kernels ``kernels`` launches from now on, in order."""
+    launched = []
+    launch = kernels._launch
+    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    return launched
+
+
 def test_local_calls_take_the_hinted_twins_in_their_window():
     """Local calls of lo < M <= hi rows that move at least the L2's bytes run the streaming
     consumers' ``_streamed`` twins (x and finalize); smaller calls, calls outside the window and the
@@ -221,9 +229,7 @@ def test_local_calls_take_the_hinted_twins_in_their_window():
     kernels.streamed_rows = (1, 4)
     row = 2 * hidden
     kernels.l2_bytes = 3 * (row + 2 * HC * row + row)  # what three plain rows move
-    launched = []
-    launch = kernels._launch
-    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    launched = _recording_launches(kernels)
     for m, variant in ((1, "plain"), (2, "quant"), (3, "plain"), (2, "finalize"), (4, "finalize"), (5, "quant")):
         check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_plain_split", "local_plain_split",  # the cooperative form: mix, then normalize
@@ -242,9 +248,7 @@ def test_local_calls_of_many_rows_take_the_held_twins():
     kernels = group.paths[0].kernels["triton"]
     assert kernels.held_rows == HELD_MIN_ROWS > STREAMED_ROWS[1]  # no call would want both twins
     kernels.held_rows = 3
-    launched = []
-    launch = kernels._launch
-    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    launched = _recording_launches(kernels)
     for m, variant in ((2, "plain"), (3, "plain"), (4, "quant"), (3, "finalize")):
         check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_plain", "local_plain_held", "local_quant_held", "local_finalize_plain"]
@@ -260,9 +264,7 @@ def test_local_calls_take_the_wide_twins_outside_their_window():
     kernels = group.paths[0].kernels["triton"]
     assert kernels.wide_rows[0] == 0 and kernels.wide_rows[1] > CAPACITY  # the interpreter: never here
     kernels.wide_rows = (1, 4)
-    launched = []
-    launch = kernels._launch
-    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    launched = _recording_launches(kernels)
     for m, variant in ((1, "plain"), (2, "plain"), (4, "finalize"), (1, "quant")):
         check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_plain_wide", "local_plain", "local_finalize_plain_wide", "local_quant"]
@@ -277,9 +279,7 @@ def test_cooperative_calls_past_the_resident_clusters_take_the_capped_twin():
     group = SimulatedGroup(1, hidden_size=1408, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=4)
     kernels = group.paths[0].kernels["triton"]
     kernels._spreads["local_plain_split"] = (None, 0, (Spread(ctas_per_sm=8, clusters=2, shared_bytes=0),))
-    launched = []
-    launch = kernels._launch
-    kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
+    launched = _recording_launches(kernels)
     for m in (2, 3):
         check_simulated(group, random_inputs(1, m, 1408, HC, seed=m, top_k=TOP_K), "plain", EPS)
     assert launched == ["local_plain_split"] * 2 + ["local_plain_split_capped"] * 2  # mix, then normalize
