@@ -50,6 +50,8 @@ SPREAD_MIN_CTAS_PER_SM = 1
 WIDE_ROWS_PER_SM = 2
 TILED_WIDE_MIN_ROWS_PER_SM = 4
 
+UNBOUNDED = 1 << 62  # more rows (or clusters) than any call has
+
 
 class TritonBackend:
     name = "triton"
@@ -92,11 +94,13 @@ class TritonKernels:
         # Local calls of at least this many rows take the held twins, where the plan has them.
         self.held_rows = HELD_MIN_ROWS
         # Local streaming calls of at most wide_rows[0] or at least wide_rows[1] rows take the wide
-        # twins, where the plan has them (the interpreter: where they tile the row).
+        # twins, where the plan has them (the interpreter, which has no SMs: where they tile the row).
         tiled = wide_tiles_row(spec.hidden)
-        self.wide_rows = ((0, 0 if tiled else 1 << 62) if interpret else
-                          (WIDE_ROWS_PER_SM * self.resident, TILED_WIDE_MIN_ROWS_PER_SM * self.resident if tiled
-                           else 1 << 62))
+        if interpret:
+            self.wide_rows = (0, 0 if tiled else UNBOUNDED)
+        else:
+            self.wide_rows = (WIDE_ROWS_PER_SM * self.resident,
+                              TILED_WIDE_MIN_ROWS_PER_SM * self.resident if tiled else UNBOUNDED)
         self.l2_bytes = None if interpret else properties.L2_cache_size
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
@@ -129,7 +133,7 @@ class TritonKernels:
         """How many clusters of a cooperative local kernel the GPU holds at once (unbounded where
         unmeasured: the interpreter, or no spread)."""
         spreads = self._spreads[name][2] if name in self._spreads else ()
-        return max((spread.clusters for spread in spreads), default=1 << 62)
+        return max((spread.clusters for spread in spreads), default=UNBOUNDED)
 
     # -- launching -------------------------------------------------------------------------------
     def _launch(self, name: str, grid, *args, **overrides):

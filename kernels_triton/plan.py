@@ -193,13 +193,14 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                 for split in sorted({1, cooperative_split(chunks) or 1}):
                     local_streaming = split == 1 and protocol == LOCAL
                     normalizes = variant != "residual"
-                    # The quant variant's wide twin only where it tiles the row (it lost where it overhangs).
-                    forms = _row_forms(local_streaming and publish.value == PUBLISH_X.value and normalizes,
-                                       local_streaming and normalizes
-                                       and (variant != "quant" or wide_tiles_row(spec.hidden)),
-                                       chunk, chunks, spec.hidden)
-                    if split > 1 and protocol == LOCAL and normalizes:
-                        forms = (False, chunk, chunks, ""), (False, chunk, chunks, "_capped")
+                    if split > 1:  # the cooperative form; a local one that normalizes has a capped twin
+                        forms = ((False, chunk, chunks, ""),) + (
+                            ((False, chunk, chunks, "_capped"),) if protocol == LOCAL and normalizes else ())
+                    else:  # the quant variant's wide twin only where it tiles the row (it lost where it overhangs)
+                        forms = _row_forms(local_streaming and publish.value == PUBLISH_X.value and normalizes,
+                                           local_streaming and normalizes
+                                           and (variant != "quant" or wide_tiles_row(spec.hidden)),
+                                           chunk, chunks, spec.hidden)
                     for hold, form_chunk, form_chunks, twin in forms:
                         parks = split == 1 and not hold and normalizes
                         parked_bytes = parked_row_bytes(form_chunk, form_chunks, on_gpu) if parks else 0
