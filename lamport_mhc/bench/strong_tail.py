@@ -48,12 +48,17 @@ WIDE_WARPS = 16
 # warps, by 9-26%. Issuing the next piece's loads before this piece's mix changed nothing. The parked
 # form in pieces of 2048 with 8 warps (as the fused kernels' wide twins) took 23.0 / 45.0 us at
 # H 4096 plain M = 1024 / 2048 (the rows' forms 23.0 / 44.6) and 29.8 / 63.4 quant (25.6 / 49.4).
+# Register caps as the fused kernels' (ptxas maxnreg) spill here: the held form with 4 warps at 96
+# registers took 34.8 / 53.9 us at H 5120 / 7168 quant M = 1024 (8 warps uncapped: 31.3 / 46.8),
+# the parked form at 64 registers 45.7 at H 4096 (uncapped: 26.7).
 HELD_WARPS_FACTOR = 2
 # Which forms store the MXFP8 scales from the threads that computed them (``ptx.store_byte``) instead
 # of converting them to a store's layout through shared memory (two barriers a piece). One H200,
 # quant, held-streamed, us in place / converted: H = 4096 M = 1024 / 2048 26.3 / 25.9, 50.2 / 49.6;
 # H = 5120 32.3 / 31.2, 62.3 / 61.5. The parked form stores in place (as in the bench run where it
-# was the fastest at H = 7168, M = 512-2048).
+# was the fastest at H = 7168, M = 512-2048). Scales gathered into 4-byte words by warp shuffles and
+# stored by one lane of 16 lost to both: 1-4% (held-streamed H 5120 M = 1024 32.6 us, parked H 7168
+# 45.8, against 31.4 and 45.3).
 SCALES_IN_PLACE_FORMS = ("parked",)
 
 
