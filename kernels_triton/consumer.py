@@ -169,8 +169,8 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     # (Stored by the threads that reduced them, ``ptx.store_byte``, with no shared-memory round trip,
     # the quant calls took up to 1.5% longer on one H200 at M = 512-2048: every thread of a block
     # stores its scale byte. Gathered into 4-byte words by two butterfly shuffles, as the CuTe kernel
-    # stores them, and stored by one lane of 16 (no barrier left), they took 0-2% longer: H 4096 /
-    # 5120 / 7168 M = 1024 23.9 / 31.9 / 44.6 us against 24.3 / 31.4 / 43.7.)
+    # stores them, and stored by one lane of 16 (no barrier left): H 4096 / 5120 / 7168 M = 1024
+    # 23.9 / 31.9 / 44.6 us against 24.3 / 31.4 / 43.7, no better at M = 512-4096 either.)
     cols = chunk * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
     tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
     # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into

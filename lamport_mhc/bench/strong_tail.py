@@ -48,9 +48,10 @@ WIDE_WARPS = 16
 # warps, by 9-26%. Issuing the next piece's loads before this piece's mix changed nothing. The parked
 # form in pieces of 2048 with 8 warps (as the fused kernels' wide twins) took 23.0 / 45.0 us at
 # H 4096 plain M = 1024 / 2048 (the rows' forms 23.0 / 44.6) and 29.8 / 63.4 quant (25.6 / 49.4).
-# Register caps as the fused kernels' (ptxas maxnreg) spill here: the held form with 4 warps at 96
-# registers took 34.8 / 53.9 us at H 5120 / 7168 quant M = 1024 (8 warps uncapped: 31.3 / 46.8),
-# the parked form at 64 registers 45.7 at H 4096 (uncapped: 26.7).
+# Register caps as the fused kernels' (ptxas maxnreg) spill here (ptxas, quant streamed: the held
+# form with 4 warps at 96 registers 76 / 264 bytes at H 5120 / 7168, the parked form at 64 registers
+# 660 bytes at H 4096, uncapped 96): they took 34.8 / 53.9 us at H 5120 / 7168 quant M = 1024 (the
+# held form's 8 warps uncapped: 31.3 / 46.8) and 45.7 at H 4096 (uncapped: 26.7).
 HELD_WARPS_FACTOR = 2
 # Which forms store the MXFP8 scales from the threads that computed them (``ptx.store_byte``) instead
 # of converting them to a store's layout through shared memory (two barriers a piece). One H200,
