@@ -7,6 +7,8 @@ With ``interpret=True`` the same kernel bodies run under the Triton interpreter 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support, cuda_device_support, symmetric_memory_support
@@ -17,7 +19,8 @@ from lamport_mhc.workspace import Workspace
 from .interpret import launch_interpreted
 from .launch_shape import set_launch_shape, set_launch_shared_bytes
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
-from .plan import HELD_MIN_ROWS, cooperative_split, kernel_plan, row_chunks, wide_tiles_row
+from .plan import (HELD_MIN_ROWS, VARIANT_CODES, cooperative_split, kernel_plan, row_chunks, wide_chunk,
+                   wide_takes_many_rows)
 from .spread import Spread, choose, measure_spreads
 
 PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORMALIZE_PHASE.value,
@@ -45,10 +48,13 @@ SPREAD_MIN_CTAS_PER_SM = 1
 # 15.7 / 19.4; H 5120 M 256 plain 6.5 / 7.4, finalize 9.2 / 10.5; H 4096 M 256 / 1024 / 2048 / 4096 /
 # 8192 quant 6.1 / 6.3, 24.6 / 25.3, 47.7 / 49.4, 91.2 / 93.9, 177.2 / 185.4 (held), plain 8192 165.0 /
 # 168.7 (held). Between them wide lost: H 4096 M 384 quant 9.5 / 7.9, finalize 14.6 / 11.3 (M 512
-# 16.2 / 15.7); H 7168 M 384 plain 17.4 / 16.7, finalize 23.9 / 21.6. The quant variant's wide twin,
-# where it overhangs the row, lost everywhere (H 7168 M 256 / 1024: 10.7 / 10.3, 45.5 / 44.7).
+# 16.2 / 15.7); H 7168 M 384 plain 17.4 / 16.7, finalize 23.9 / 21.6.
 WIDE_ROWS_PER_SM = 2
 TILED_WIDE_MIN_ROWS_PER_SM = 4
+# The quant variant's four-chunk twin (``plan.wide_chunk``: 16 warps, 2 programs per SM) only takes
+# calls of many rows, from 4.25 rows per SM (561 on 132 SMs): one H200 measured it slower at 528 rows
+# and faster from 576, and no faster at few (M = 256 / 264: 10.4 / 10.4, 11.2 / 9.7 us).
+FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM = 4.25
 
 UNBOUNDED = 1 << 62  # more rows (or clusters) than any call has
 
@@ -93,14 +99,9 @@ class TritonKernels:
         self.streamed_rows = STREAMED_ROWS
         # Local calls of at least this many rows take the held twins, where the plan has them.
         self.held_rows = HELD_MIN_ROWS
-        # Local streaming calls of at most wide_rows[0] or at least wide_rows[1] rows take the wide
-        # twins, where the plan has them (the interpreter, which has no SMs: where they tile the row).
-        tiled = wide_tiles_row(spec.hidden)
-        if interpret:
-            self.wide_rows = (0, 0 if tiled else UNBOUNDED)
-        else:
-            self.wide_rows = (WIDE_ROWS_PER_SM * self.resident,
-                              TILED_WIDE_MIN_ROWS_PER_SM * self.resident if tiled else UNBOUNDED)
+        # Local streaming calls of at most wide_rows[variant][0] or at least wide_rows[variant][1]
+        # rows take the wide twins, where the plan has them.
+        self.wide_rows = {variant: self._wide_window(variant) for variant in VARIANT_CODES}
         self.l2_bytes = None if interpret else properties.L2_cache_size
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
@@ -121,6 +122,17 @@ class TritonKernels:
         if self.spec.split_rows is not None:
             return self.spec.split_rows
         return 0 if self.resident is None else COOPERATIVE_PROGRAMS_PER_SM * self.resident // self.chunks
+
+    def _wide_window(self, variant: str) -> tuple[int, int]:
+        """(at most, at least): the rows of the local streaming calls of ``variant`` that take its wide
+        twin (the interpreter, which has no SMs: every call, where that twin takes many rows)."""
+        width = wide_chunk(self.spec.hidden, variant)
+        many = width is not None and wide_takes_many_rows(self.spec.hidden, variant)
+        if self.interpret:
+            return 0, 0 if many else UNBOUNDED
+        if width == 4 * row_chunks(self.spec.hidden)[0]:
+            return 0, math.ceil(FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM * self.resident)
+        return WIDE_ROWS_PER_SM * self.resident, TILED_WIDE_MIN_ROWS_PER_SM * self.resident if many else UNBOUNDED
 
     def _split(self, m: int, waits_for_twins: bool = False) -> int:
         """Programs per token of a call of ``m`` rows."""
@@ -153,7 +165,7 @@ class TritonKernels:
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
-                         streamed: bool = False):
+                         streamed: bool = False, variant: str = "plain"):
         """One launch of ``m * split`` programs (a token's adjacent): the cooperative form, by its
         capped twin past its resident clusters; or a streaming form, by its wide twin in
         ``wide_rows``' windows, else its held twin from ``held_rows`` rows, and the parked or wide
@@ -161,7 +173,8 @@ class TritonKernels:
         which runs programs one after another, runs a cooperative form's normalize as a second
         launch, once every program has left its chunk root."""
         split = self._split(m, waits_for_twins)
-        wide = (m <= self.wide_rows[0] or m >= self.wide_rows[1]) and f"{name}_wide" in self.plan
+        fewest, most = self.wide_rows[variant]
+        wide = (m <= fewest or m >= most) and f"{name}_wide" in self.plan
         held = m >= self.held_rows and f"{name}_held" in self.plan
         form = "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
         name += form
@@ -242,7 +255,8 @@ class TritonKernels:
     def local(self, call: Call) -> None:
         name, publish = self._with_contribution("local", call)
         self._launch_consumer(f"{name}_{call.consumer.variant}", call.m, *self._consumer_args("local", call.consumer),
-                              *publish, self._ll_peers, self._ll_multicast, streamed=self._streamed(call))
+                              *publish, self._ll_peers, self._ll_multicast, streamed=self._streamed(call),
+                              variant=call.consumer.variant)
 
     def _streamed(self, call: Call) -> bool:
         """Whether a local call takes the hinted twin (``traffic.streams_past_l2``)."""

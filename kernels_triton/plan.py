@@ -85,7 +85,8 @@ HELD_MAX_REGISTERS = 96
 # 4096 / 8192: 77.1 / 148.8 / 294.6 against 82.0 / 150.7 / 289.3. H = 4096 (held at 64 registers),
 # M = 256 / 512 / 1024 / 2048: quant 6.4 / 12.3 / 25.6 / 49.8 against 8.1 / 13.2 / 25.7 / 50.5, plain
 # 6.3 / 10.5 / 23.2 / 45.0 against 7.1 / 11.3 / 23.2 / 45.3 (CuTe: quant 7.5 / 11.7 / 24.1 / 46.8).
-# Where the wide twins tile the row (H = 4096) they take those calls instead (``backend.WIDE_ROWS_PER_SM``).
+# Where the wide twins take the calls of many rows (``wide_takes_many_rows``: H = 4096, and the quant
+# variant at 7168) they take those calls instead (``backend.wide_window``).
 HELD_MIN_ROWS = 5120
 
 # The variants whose parked streaming consumers of x load the next chunk's inputs while mixing one
@@ -113,22 +114,53 @@ def parked_row_bytes(chunk: int, chunks: int, on_gpu: bool) -> int:
 
 
 def wide_tiles_row(hidden: int) -> bool:
-    """Whether the ``_wide`` twins' chunks tile the row exactly (H = 4096: 2 x 2048)."""
+    """Whether chunks twice as wide as the row's tile it exactly (H = 4096: 2 x 2048)."""
     chunk, chunks = row_chunks(hidden)
     return chunks > 1 and hidden % (2 * chunk) == 0
 
 
-def _row_forms(may_hold: bool, may_widen: bool, chunk: int, chunks: int, hidden: int) -> tuple[tuple, ...]:
-    """(HOLD, CHUNK, CHUNKS, name suffix) of each form a streaming consumer is built in: parked; where
-    it may widen, a ``_wide`` twin parked in chunks twice as wide (twice the warps, the last chunk
-    masked where they overhang the row); where it may hold the row, a ``_held`` twin, but where the
-    wide twin tiles the row (which then takes the calls of many rows, ``backend.WIDE_ROWS_PER_SM``)."""
+def wide_chunk(hidden: int, variant: str, of_x: bool = True) -> int | None:
+    """The chunk width of a local streaming consumer's ``_wide`` twin (None: it has none): twice the
+    row's chunk for rows of two or more chunks, for the quant variant only where those tile the row;
+    else (quant, the consumer of x: ``of_x``) four times the row's chunk where the row spans two or
+    more of those and leaves at most one chunk of the last masked (H = 7168: 4096 + 3072, 16 warps). One H200, tp = 1, H = 7168
+    quant, us four-chunk twin / parked (held from 5120 rows): M = 576 / 640 / 768 / 1024 / 2048 /
+    4096 / 8192 27.3 / 30.6, 28.4 / 32.8, 33.5 / 36.8, 43.5 / 44.2, 82.1 / 83.5, 157.8 / 160.4,
+    309.6 / 313.5; it lost at 264 / 300 / 384 / 512 / 528 (11.2 / 9.7, 15.4 / 13.5, 18.3 / 17.7,
+    23.2 / 21.9, 24.0 / 23.0), as did (M = 1024 / 2048) the twin twice as wide (44.8 / 91.2), the
+    four-chunk twin at H = 5120 (39.7 / 70.9 against 31.4 / 60.4) and, holding the row instead of
+    parking it, at H = 4096 and 7168 (47.0 / 89.3 at 7168)."""
+    chunk, chunks = row_chunks(hidden)
+    if chunks < 2:
+        return None
+    if variant != "quant" or wide_tiles_row(hidden):
+        return 2 * chunk
+    if not of_x:  # (the finalize's is unmeasured)
+        return None
+    width = 4 * chunk
+    pieces = -(-hidden // width)
+    return width if pieces >= 2 and pieces * width - hidden <= chunk else None
+
+
+def wide_takes_many_rows(hidden: int, variant: str) -> bool:
+    """Whether the ``_wide`` twin takes the calls of many rows (``backend.wide_window``), where the
+    held twin then is not built: where its chunks tile the row, and the quant variant's four-chunk
+    twin."""
+    width = wide_chunk(hidden, variant)
+    return width is not None and (hidden % width == 0 or width == 4 * row_chunks(hidden)[0])
+
+
+def _row_forms(may_hold: bool, wide: int | None, wide_takes_many: bool, chunk: int, chunks: int,
+               hidden: int) -> tuple[tuple, ...]:
+    """(HOLD, CHUNK, CHUNKS, name suffix) of each form a streaming consumer is built in: parked; a
+    ``_wide`` twin parked in chunks ``wide`` wide (more warps, the last chunk masked where they
+    overhang the row); where it may hold the row, a ``_held`` twin, but where the wide twin takes
+    the calls of many rows."""
     forms = [(False, chunk, chunks, "")]
-    widens = may_widen and chunks > 1
-    if may_hold and chunks <= HELD_MAX_CHUNKS and not (widens and wide_tiles_row(hidden)):
+    if may_hold and chunks <= HELD_MAX_CHUNKS and not wide_takes_many:
         forms.append((True, chunk, chunks, "_held"))
-    if widens:
-        forms.append((False, 2 * chunk, -(-hidden // (2 * chunk)), "_wide"))
+    if wide is not None:
+        forms.append((False, wide, -(-hidden // wide), "_wide"))
     return tuple(forms)
 
 
@@ -164,9 +196,9 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
     a ``_split`` twin that spreads a token over a cluster of one program per chunk (the cooperative
     form), the local ones a ``_capped`` twin of it at 64 registers for calls of more tokens than the
     GPU holds clusters of it at once; each local streaming consumer a ``_streamed`` twin with cache
-    hints (``traffic.STREAMED_ROWS``), a ``_wide`` one for rows of two or more chunks (``_row_forms``)
+    hints (``traffic.STREAMED_ROWS``), a ``_wide`` one for rows of two or more chunks (``wide_chunk``)
     and those of x with rows of up to 7 chunks a ``_held`` twin for calls of at least ``HELD_MIN_ROWS``
-    rows."""
+    rows (``_row_forms``)."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)
@@ -196,10 +228,11 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                     if split > 1:  # the cooperative form; a local one that normalizes has a capped twin
                         forms = ((False, chunk, chunks, ""),) + (
                             ((False, chunk, chunks, "_capped"),) if protocol == LOCAL and normalizes else ())
-                    else:  # the quant variant's wide twin only where it tiles the row (it lost where it overhangs)
-                        forms = _row_forms(local_streaming and publish.value == PUBLISH_X.value and normalizes,
-                                           local_streaming and normalizes
-                                           and (variant != "quant" or wide_tiles_row(spec.hidden)),
+                    else:
+                        of_x = publish.value == PUBLISH_X.value
+                        wide = wide_chunk(spec.hidden, variant, of_x) if local_streaming and normalizes else None
+                        forms = _row_forms(local_streaming and of_x and normalizes,
+                                           wide, wide is not None and wide_takes_many_rows(spec.hidden, variant),
                                            chunk, chunks, spec.hidden)
                     for hold, form_chunk, form_chunks, twin in forms:
                         parks = split == 1 and not hold and normalizes

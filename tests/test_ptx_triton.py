@@ -319,7 +319,8 @@ def test_only_local_streaming_consumers_cap_registers(chunked):
 def test_wide_twins_walk_the_row_in_chunks_twice_as_wide(chunked):
     """Each local streaming consumer of rows of two or more chunks has a ``_wide`` twin (and its
     hinted one): chunks twice as wide, twice the warps, 16-byte accesses still; the quant variant's
-    only where they tile the row."""
+    only where they tile the row, else (its consumer of x) chunks four times as wide where the row
+    leaves at most one chunk of its last masked (H = 7168: 4096 + 3072, 16 warps), and no held twin."""
     tp, hidden, ptx = chunked
     chunk, chunks = plan.row_chunks(hidden)
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
@@ -332,8 +333,24 @@ def test_wide_twins_walk_the_row_in_chunks_twice_as_wide(chunked):
         narrow = instances[name.replace("_wide", "")]
         assert instances[name].constexprs["CHUNK"] == 2 * chunk and instances[name].num_warps == 2 * narrow.num_warps
         assert instances[name].constexprs["CHUNKS"] == -(-hidden // (2 * chunk)), name
-    quant = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
-    assert ("local_quant_wide" in plan.kernel_plan(quant)) == plan.wide_tiles_row(hidden)
+    quant = plan.kernel_plan(BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True))
+    four_chunks = hidden == 7168
+    assert ("local_quant_wide" in quant) == (plan.wide_tiles_row(hidden) or four_chunks)
+    assert ("local_finalize_quant_wide" in quant) == plan.wide_tiles_row(hidden)
+    if four_chunks:
+        for name in ("local_quant_wide", "local_quant_wide_streamed"):
+            assert quant[name].constexprs["CHUNK"] == 4 * chunk and quant[name].num_warps == 16
+            assert quant[name].constexprs["CHUNKS"] == 2 and quant[name].max_registers == 64, name
+        assert "local_quant_held" not in quant and "local_plain_held" in quant
+
+
+def test_four_chunk_wide_twins_leave_at_most_one_chunk_masked():
+    assert [plan.wide_chunk(h, "quant") for h in (1408, 3072, 3584, 4096, 5120, 7168, 11264)] == [
+        None, None, 2048, 2048, None, 4096, 4096]
+    assert plan.wide_chunk(7168, "quant", of_x=False) is None and plan.wide_chunk(7168, "plain") == 2048
+    assert [plan.wide_takes_many_rows(h, v) for h, v in ((4096, "plain"), (5120, "plain"), (7168, "plain"),
+                                                         (7168, "quant"), (5120, "quant"))] == [
+        True, False, False, True, False]
 
 
 def test_bf16_rounding_is_one_conversion_a_pair(build):

@@ -255,22 +255,38 @@ def test_local_calls_of_many_rows_take_the_held_twins():
 
 
 def test_local_calls_take_the_wide_twins_outside_their_window():
-    """Local streaming calls of at most ``wide_rows[0]`` or at least ``wide_rows[1]`` rows run the
-    ``_wide`` twins (chunks twice as wide) where the plan has them: plain and finalize; quant only
-    where they tile the row, and there the held twin is not built. The bits are the reference's."""
+    """Local streaming calls of at most ``wide_rows[variant][0]`` or at least ``wide_rows[variant][1]``
+    rows run the ``_wide`` twins where the plan has them: plain and finalize (chunks twice as wide);
+    quant where they tile the row, and there the held twin is not built, or in chunks four times as
+    wide (H = 7168, below). The bits are the reference's."""
     hidden = 1408  # 3 chunks of 512; the wide twins' 2 x 1024 overhang the row
     group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                            quantize_layer_input=True, split_rows=0)
     kernels = group.paths[0].kernels["triton"]
-    assert kernels.wide_rows[0] == 0 and kernels.wide_rows[1] > CAPACITY  # the interpreter: never here
-    kernels.wide_rows = (1, 4)
+    assert all(fewest == 0 and most > CAPACITY for fewest, most in kernels.wide_rows.values())  # the interpreter
+    kernels.wide_rows = {variant: (1, 4) for variant in kernels.wide_rows}
     launched = _recording_launches(kernels)
     for m, variant in ((1, "plain"), (2, "plain"), (4, "finalize"), (1, "quant")):
         check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_plain_wide", "local_plain", "local_finalize_plain_wide", "local_quant"]
     tiled = SimulatedGroup(1, hidden_size=2048, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                            quantize_layer_input=True, split_rows=0).paths[0].kernels["triton"]
-    assert tiled.wide_rows == (0, 0) and "local_quant_wide" in tiled.plan and "local_plain_held" not in tiled.plan
+    assert tiled.wide_rows["quant"] == (0, 0) and "local_quant_wide" in tiled.plan
+    assert "local_plain_held" not in tiled.plan
+
+
+def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():
+    """H = 7168 quant: the consumer of x walks the row in two chunks of 4096 (the second masked past
+    3072) from its window on; the finalize and the plain variant keep their forms. The bits are the
+    reference's (the interpreter takes the twin at every M)."""
+    group = SimulatedGroup(1, hidden_size=7168, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
+                           quantize_layer_input=True, split_rows=0)
+    kernels = group.paths[0].kernels["triton"]
+    assert kernels.wide_rows["quant"] == (0, 0) and kernels.wide_rows["plain"][1] > CAPACITY
+    launched = _recording_launches(kernels)
+    for m, variant in ((3, "quant"), (1, "plain"), (CAPACITY, "quant")):
+        check_simulated(group, random_inputs(1, m, 7168, HC, seed=m, top_k=TOP_K), variant, EPS)
+    assert launched == ["local_quant_wide", "local_plain", "local_quant_wide"]
 
 
 def test_cooperative_calls_past_the_resident_clusters_take_the_capped_twin():
