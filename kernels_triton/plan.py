@@ -86,7 +86,7 @@ HELD_MAX_REGISTERS = 96
 # M = 256 / 512 / 1024 / 2048: quant 6.4 / 12.3 / 25.6 / 49.8 against 8.1 / 13.2 / 25.7 / 50.5, plain
 # 6.3 / 10.5 / 23.2 / 45.0 against 7.1 / 11.3 / 23.2 / 45.3 (CuTe: quant 7.5 / 11.7 / 24.1 / 46.8).
 # Where the wide twins take the calls of many rows (``wide_takes_many_rows``: H = 4096, and the quant
-# variant at 7168) they take those calls instead (``backend.wide_window``).
+# variant at 7168) they take those calls instead (``backend.TritonKernels._wide_window``).
 HELD_MIN_ROWS = 5120
 
 # The variants whose parked streaming consumers of x load the next chunk's inputs while mixing one
@@ -123,13 +123,13 @@ def wide_chunk(hidden: int, variant: str, of_x: bool = True) -> int | None:
     """The chunk width of a local streaming consumer's ``_wide`` twin (None: it has none): twice the
     row's chunk for rows of two or more chunks, for the quant variant only where those tile the row;
     else (quant, the consumer of x: ``of_x``) four times the row's chunk where the row spans two or
-    more of those and leaves at most one chunk of the last masked (H = 7168: 4096 + 3072, 16 warps). One H200, tp = 1, H = 7168
-    quant, us four-chunk twin / parked (held from 5120 rows): M = 576 / 640 / 768 / 1024 / 2048 /
-    4096 / 8192 27.3 / 30.6, 28.4 / 32.8, 33.5 / 36.8, 43.5 / 44.2, 82.1 / 83.5, 157.8 / 160.4,
-    309.6 / 313.5; it lost at 264 / 300 / 384 / 512 / 528 (11.2 / 9.7, 15.4 / 13.5, 18.3 / 17.7,
-    23.2 / 21.9, 24.0 / 23.0), as did (M = 1024 / 2048) the twin twice as wide (44.8 / 91.2), the
-    four-chunk twin at H = 5120 (39.7 / 70.9 against 31.4 / 60.4) and, holding the row instead of
-    parking it, at H = 4096 and 7168 (47.0 / 89.3 at 7168)."""
+    more of those and leaves at most one chunk of the last masked (H = 7168: 4096 + 3072, 16 warps).
+    One H200, tp = 1, H = 7168 quant, us four-chunk twin / parked (held from 5120 rows): M = 576 /
+    640 / 768 / 1024 / 2048 / 4096 / 8192 27.3 / 30.6, 28.4 / 32.8, 33.5 / 36.8, 43.5 / 44.2, 82.1 /
+    83.5, 157.8 / 160.4, 309.6 / 313.5; it lost at 264 / 300 / 384 / 512 / 528 (11.2 / 9.7, 15.4 /
+    13.5, 18.3 / 17.7, 23.2 / 21.9, 24.0 / 23.0), as did (M = 1024 / 2048) the twin twice as wide
+    (44.8 / 91.2), the four-chunk twin at H = 5120 (39.7 / 70.9 against 31.4 / 60.4) and, holding
+    the row instead of parking it, at H = 4096 and 7168 (47.0 / 89.3 at 7168)."""
     chunk, chunks = row_chunks(hidden)
     if chunks < 2:
         return None
@@ -143,9 +143,9 @@ def wide_chunk(hidden: int, variant: str, of_x: bool = True) -> int | None:
 
 
 def wide_takes_many_rows(hidden: int, variant: str) -> bool:
-    """Whether the ``_wide`` twin takes the calls of many rows (``backend.wide_window``), where the
-    held twin then is not built: where its chunks tile the row, and the quant variant's four-chunk
-    twin."""
+    """Whether the ``_wide`` twin takes the calls of many rows (``backend.TritonKernels._wide_window``),
+    where the held twin then is not built: where its chunks tile the row, and the quant variant's
+    four-chunk twin."""
     width = wide_chunk(hidden, variant)
     return width is not None and (hidden % width == 0 or width == 4 * row_chunks(hidden)[0])
 

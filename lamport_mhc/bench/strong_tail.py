@@ -52,6 +52,11 @@ WIDE_WARPS = 16
 # form with 4 warps at 96 registers 76 / 264 bytes at H 5120 / 7168, the parked form at 64 registers
 # 660 bytes at H 4096, uncapped 96): they took 34.8 / 53.9 us at H 5120 / 7168 quant M = 1024 (the
 # held form's 8 warps uncapped: 31.3 / 46.8) and 45.7 at H 4096 (uncapped: 26.7).
+# The mix written source-outer (each stream widened once and folded into every target's sum: 94-96
+# registers instead of 109-114 for the parked form) was slower on one H200: H 7168 quant M = 1024
+# held-streamed 60.2 against 46.6 us, parked-streamed 53.4 against 45.2. With that mix, the parked
+# form walking its pieces in loops, each piece's inputs loaded while the one before is mixed, at 80
+# registers (64 spill 132-140 bytes) took 48.8 / 88.6 us at M = 1024 / 2048 (parked-streamed 45.2 / 89.7).
 HELD_WARPS_FACTOR = 2
 # Which forms store the MXFP8 scales from the threads that computed them (``ptx.store_byte``) instead
 # of converting them to a store's layout through shared memory (two barriers a piece). One H200,
