@@ -277,8 +277,8 @@ def test_local_calls_take_the_wide_twins_outside_their_window():
 
 def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():
     """H = 7168 quant: the consumer of x walks the row in two chunks of 4096 (the second masked past
-    3072) from its window on; the finalize and the plain variant keep their forms. The bits are the
-    reference's (the interpreter takes the twin at every M)."""
+    3072) from its window on; the plain variant keeps its form. The bits are the reference's (the
+    interpreter takes the twin at every M)."""
     group = SimulatedGroup(1, hidden_size=7168, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                            quantize_layer_input=True, split_rows=0)
     kernels = group.paths[0].kernels["triton"]
