@@ -19,7 +19,7 @@ from lamport_mhc.workspace import Workspace
 from .interpret import launch_interpreted
 from .launch_shape import set_launch_shape, set_launch_shared_bytes
 from .consumer import ALL_PHASES, MIX_PHASE, NORMALIZE_PHASE, PUBLISH_PHASE
-from .plan import (HELD_MIN_ROWS, VARIANT_CODES, cooperative_split, kernel_plan, row_chunks, wide_chunk,
+from .plan import (HELD_MIN_ROWS, VARIANT_CODES, cooperative_split, four_chunk_wide, kernel_plan, row_chunks,
                    wide_takes_many_rows)
 from .spread import Spread, choose, measure_spreads
 
@@ -126,11 +126,10 @@ class TritonKernels:
     def _wide_window(self, variant: str) -> tuple[int, int]:
         """(at most, at least): the rows of the local streaming calls of ``variant`` that take its wide
         twin (the interpreter, which has no SMs: every call, where that twin takes many rows)."""
-        width = wide_chunk(self.spec.hidden, variant)
-        many = width is not None and wide_takes_many_rows(self.spec.hidden, variant)
+        many = wide_takes_many_rows(self.spec.hidden, variant)
         if self.interpret:
             return 0, 0 if many else UNBOUNDED
-        if width == 4 * row_chunks(self.spec.hidden)[0]:
+        if four_chunk_wide(self.spec.hidden, variant):
             return 0, math.ceil(FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM * self.resident)
         return WIDE_ROWS_PER_SM * self.resident, TILED_WIDE_MIN_ROWS_PER_SM * self.resident if many else UNBOUNDED
 

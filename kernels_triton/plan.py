@@ -142,12 +142,17 @@ def wide_chunk(hidden: int, variant: str, of_x: bool = True) -> int | None:
     return width if pieces >= 2 and pieces * width - hidden <= chunk else None
 
 
-def wide_takes_many_rows(hidden: int, variant: str) -> bool:
+def four_chunk_wide(hidden: int, variant: str) -> bool:
+    """Whether ``variant``'s wide twin (that of its consumer of x) walks chunks four times as wide."""
+    return wide_chunk(hidden, variant) == 4 * row_chunks(hidden)[0]
+
+
+def wide_takes_many_rows(hidden: int, variant: str, of_x: bool = True) -> bool:
     """Whether the ``_wide`` twin takes the calls of many rows (``backend.TritonKernels._wide_window``),
     where the held twin then is not built: where its chunks tile the row, and the quant variant's
     four-chunk twin."""
-    width = wide_chunk(hidden, variant)
-    return width is not None and (hidden % width == 0 or width == 4 * row_chunks(hidden)[0])
+    width = wide_chunk(hidden, variant, of_x)
+    return width is not None and (hidden % width == 0 or four_chunk_wide(hidden, variant))
 
 
 def _row_forms(may_hold: bool, wide: int | None, wide_takes_many: bool, chunk: int, chunks: int,
@@ -231,8 +236,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                     else:
                         of_x = publish.value == PUBLISH_X.value
                         wide = wide_chunk(spec.hidden, variant, of_x) if local_streaming and normalizes else None
-                        forms = _row_forms(local_streaming and of_x and normalizes,
-                                           wide, wide is not None and wide_takes_many_rows(spec.hidden, variant),
+                        forms = _row_forms(local_streaming and of_x and normalizes, wide,
+                                           wide is not None and wide_takes_many_rows(spec.hidden, variant, of_x),
                                            chunk, chunks, spec.hidden)
                     for hold, form_chunk, form_chunks, twin in forms:
                         parks = split == 1 and not hold and normalizes
