@@ -166,7 +166,7 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     scaled = tl.reshape(bf16_to_f32(layer, ON_GPU), (CHUNK // 32, 32)) * inverse_scale(scale)[:, None]
     codes = tl.reshape(f32_to_e4m3(scaled, ON_GPU), (CHUNK,))
     tl.store(values_ptr + token * HIDDEN + h, codes, mask=h < HIDDEN)
-    # (Stored by the threads that reduced them, ``ptx.store_byte``, with no shared-memory round trip,
+    # (Stored by the threads that reduced them, one st.global.b8 each, with no shared-memory round trip,
     # the quant calls took up to 1.5% longer on one H200 at M = 512-2048: every thread of a block
     # stores its scale byte. Gathered into 4-byte words by two butterfly shuffles, as the CuTe kernel
     # stores them, and stored by one lane of 16 (no barrier left): H 4096 / 5120 / 7168 M = 1024

@@ -185,21 +185,6 @@ def store_record_system(address, source, generation, token, ON_GPU: tl.constexpr
 
 
 @triton.jit
-def store_byte(pointer, value, mask, ON_GPU: tl.constexpr):
-    """``st.global.b8`` of ``value`` (uint8) at ``pointer`` where ``mask``, in the layout the values
-    come in: as asm, Triton neither coalesces the store nor converts its operands' layout (which
-    goes through shared memory between two barriers). A value that several threads hold is stored
-    by each of them: the same byte."""
-    if ON_GPU:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b8 [$1], $2; mov.u32 $0, 0; }", "=r,l,h,r",
-            args=[pointer.to(tl.int64), value.to(tl.int16), mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
-            pack=1)
-    else:
-        tl.store(pointer, value, mask=mask)
-
-
-@triton.jit
 def multicast_store_16b(addr, w0, w1, w2, w3, stored):
     """One ``multimem.st`` of 16 bytes per element of ``addr`` (int64 multicast addresses) where
     ``stored`` is non-zero. GPU only: the simulated group has no multicast transport."""

@@ -10,29 +10,43 @@ from kernels_triton.launch_shape import set_launch_shape
 from ..mxfp8 import mxfp8_scale_bytes
 
 
-def _chunk(hidden: int) -> int:
-    """The widest power-of-two piece of at most 1024 columns that tiles the row exactly (no padding
-    lanes: H = 5120 and 7168 run five and seven pieces of 1024)."""
-    chunk = 1024
+def _chunk(hidden: int, widest: int = 1024) -> int:
+    """The widest power-of-two piece of at most ``widest`` columns that tiles the row exactly (no
+    padding lanes: H = 5120 and 7168 run five and seven pieces of 1024)."""
+    chunk = widest
     while hidden % chunk:
         chunk //= 2
     return chunk
 
 
-def _launch(kernel, grid, interpret: bool, num_warps: int, *args, extra_shared: int = 0, **constexprs) -> None:
+def _launch(kernel, grid, interpret: bool, num_warps: int, *args, extra_shared: int = 0, max_registers: int = 0,
+            **constexprs) -> None:
     """On the GPU every kernel is a programmatic dependent launch (``PDL``), as the fused kernels are;
-    ``extra_shared``: bytes of dynamic shared memory past Triton's own (the parked form's row)."""
+    ``extra_shared``: bytes of dynamic shared memory past Triton's own (the looped form's parked row);
+    ``max_registers``: ptxas's cap per thread (0: the compiler's choice)."""
     if interpret:
         from kernels_triton.interpret import launch_interpreted
         launch_interpreted(kernel, grid, *args, **constexprs)
         return
     options = dict(**constexprs, PDL=True, num_warps=num_warps, launch_pdl=True)
+    if max_registers:
+        options["maxnreg"] = max_registers
     if extra_shared:  # the compiled kernel of this call's specialization, before it launches
         set_launch_shape(kernel.warmup(*args, grid=grid, **options), 1, extra_shared)
     kernel[grid](*args, **options)
 
 
-STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed", "parked-streamed")
+STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed", "looped-streamed")
+# The looped form: pieces of up to this many columns (8 a thread: 16-byte accesses), at most this
+# many registers (4 warps: 8 programs per SM, as the fused kernels' parked forms). One H200, quant
+# streamed, us at M = 1024 / 2048, pieces of 1024 against 2048 (8 warps) at H = 4096: 25.6 / 48.9
+# against 24.1 / 47.9 (plain 21.9 / 45.0 against 22.0 / 44.1); 4096-wide pieces of 16 warps: 28.0 / 51.2.
+LOOPED_MAX_CHUNK = 2048
+LOOPED_MAX_REGISTERS = 64
+# It replaced the parked form (the row form with its prenorm in shared memory, its pieces unrolled:
+# 96-115 registers, uncapped): one H200, streamed, us, looped / parked / held (the held form's 8
+# warps), M = 1024 and 2048: H 7168 quant 43.5 / 45.3 / 46.9 and 86.5 / 89.7 / 92.3, plain 38.9 / 41.6
+# / 41.3 and 78.8 / 85.1 / 82.4; H 5120 quant 31.0 / 32.6 / 31.3 and 61.2 / 64.0 / 61.7.
 # The wide form's warps: the held form with pieces of 8 columns a thread (16-byte accesses), the last
 # piece masked where it overhangs the row. On one H200 (streamed hints) the bench took it at
 # M = 32-128 at H 4096 and 100-128 at 5120; 16 warps capped at 64 registers (2 programs per SM,
@@ -41,31 +55,20 @@ STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-s
 WIDE_WARPS = 16
 # The held form's warps per program, against ``num_warps`` for the others: on one H200 (H = 5120,
 # plain, prenorm held) 8 warps took 29.9 us at M = 1024 and 107.0 at 4096, 4 warps 34.7 and 120.1,
-# the parked row form 33.3 and 114.8. With the streaming hints the held form took 28.5 us at
-# M = 1024 (23.3 against 25.0 at H = 4096, 42.3 against 44.4 at 7168) but 111.1 at 4096. Slower
-# than the held form at M = 1024 / 4096 (every H, plain and quant): a persistent kernel that Triton
-# software-pipelines (cp.async of the next pieces into shared memory, the row parked), by 4-16%; 16
-# warps, by 9-26%. Issuing the next piece's loads before this piece's mix changed nothing. The parked
-# form in pieces of 2048 with 8 warps (as the fused kernels' wide twins) took 23.0 / 45.0 us at
-# H 4096 plain M = 1024 / 2048 (the rows' forms 23.0 / 44.6) and 29.8 / 63.4 quant (25.6 / 49.4).
-# Register caps as the fused kernels' (ptxas maxnreg) spill here (ptxas, quant streamed: the held
-# form with 4 warps at 96 registers 76 / 264 bytes at H 5120 / 7168, the parked form at 64 registers
-# 660 bytes at H 4096, uncapped 96): they took 34.8 / 53.9 us at H 5120 / 7168 quant M = 1024 (the
-# held form's 8 warps uncapped: 31.3 / 46.8) and 45.7 at H 4096 (uncapped: 26.7).
-# The mix written source-outer (each stream widened once and folded into every target's sum: 94-96
-# registers instead of 109-114 for the parked form) was slower on one H200: H 7168 quant M = 1024
-# held-streamed 60.2 against 46.6 us, parked-streamed 53.4 against 45.2. With that mix, the parked
-# form walking its pieces in loops, each piece's inputs loaded while the one before is mixed, at 80
-# registers (64 spill 132-140 bytes) took 48.8 / 88.6 us at M = 1024 / 2048 (parked-streamed 45.2 / 89.7).
+# the row form parking in shared memory 33.3 and 114.8. Slower than the held form at M = 1024 / 4096
+# (every H, plain and quant): a persistent kernel that Triton software-pipelines (cp.async of the
+# next pieces into shared memory), by 4-16%; 16 warps, by 9-26%. Register caps (ptxas maxnreg) spill
+# the held form (4 warps at 96 registers: 76 / 264 bytes at H 5120 / 7168; 34.8 / 53.9 us at quant
+# M = 1024 against 31.3 / 46.8 uncapped with 8 warps). The mix written source-outer (each stream
+# widened once and folded into every target's sum) was slower: H 7168 quant M = 1024 held-streamed
+# 60.2 against 46.6 us.
 HELD_WARPS_FACTOR = 2
-# Which forms store the MXFP8 scales from the threads that computed them (``ptx.store_byte``) instead
-# of converting them to a store's layout through shared memory (two barriers a piece). One H200,
-# quant, held-streamed, us in place / converted: H = 4096 M = 1024 / 2048 26.3 / 25.9, 50.2 / 49.6;
-# H = 5120 32.3 / 31.2, 62.3 / 61.5. The parked form stores in place (as in the bench run where it
-# was the fastest at H = 7168, M = 512-2048). Scales gathered into 4-byte words by warp shuffles and
-# stored by one lane of 16 lost to both: 1-4% (held-streamed H 5120 M = 1024 32.6 us, parked H 7168
-# 45.8, against 31.4 and 45.3).
-SCALES_IN_PLACE_FORMS = ("parked",)
+# The MXFP8 scales are converted to a store's layout through shared memory (two barriers a piece).
+# Stored in place from the threads that computed them (one st.global.b8 each) they lost, one H200,
+# us in place / converted: held-streamed H = 4096 M = 1024 / 2048 26.3 / 25.9, 50.2 / 49.6, H = 5120
+# 32.3 / 31.2, 62.3 / 61.5; looped H 4096 / 5120 / 7168 M = 1024 25.7 / 25.2, 31.7 / 31.0, 44.6 /
+# 43.5. Gathered into 4-byte words by warp shuffles and stored by one lane of 16 they lost too, by
+# 1-4% (held-streamed H 5120 M = 1024 32.6 us against 31.4).
 
 
 class StrongTail:
@@ -73,7 +76,9 @@ class StrongTail:
     with ``hc`` streams. ``strategy`` "row": one program per token, one kernel; "held": the same
     with the prenorm row in registers between the passes; "split": one program per (token,
     1024-wide piece), two kernels (the mix, then the norm over the row's partial sums of squares),
-    for M too small to fill the GPU with rows; "-streamed": with cache hints for what passes once."""
+    for M too small to fill the GPU with rows; "looped": one program per token walking its row in a
+    loop, the next piece's loads in flight, in 64 registers; "-streamed": with cache hints for what
+    passes once."""
 
     def __init__(self, hidden: int, hc: int, quantize: bool = False, interpret: bool = False, num_warps: int = 4,
                  strategy: str = "row"):
@@ -92,14 +97,16 @@ class StrongTail:
         self.warps = num_warps * (HELD_WARPS_FACTOR if self.form == "held" else 1)  # the row forms' warps
         if self.form == "wide":
             self.warps, self.chunk = WIDE_WARPS, 8 * 32 * WIDE_WARPS
-        # The parked form: the row form with its prenorm in shared memory (on the GPU), not in the
-        # layer-input buffer.
-        self.parked_bytes = 2 * hidden if self.form == "parked" and not interpret else 0
+        if self.form == "looped":
+            self.chunk = _chunk(hidden, LOOPED_MAX_CHUNK)
+            self.warps = max(1, self.chunk // (8 * 32))
+        # The looped form parks its prenorm in shared memory on the GPU, in the layer-input buffer
+        # under the interpreter.
+        self.parked_bytes = 2 * hidden if self.form == "looped" and not interpret else 0
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
-        self.scales_in_place = self.form in SCALES_IN_PLACE_FORMS
 
     def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
-        from .strong_tail_kernels import strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
+        from .strong_tail_kernels import looped_tail_kernel, strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
 
         m = reduced.shape[0]
         if (mxfp8 is not None) != self.quantize:
@@ -114,13 +121,20 @@ class StrongTail:
         else:
             values = scales = layer_input  # unused pointers
             rows = m
-        if self.form in ("row", "held", "wide", "parked"):
+        if self.form == "looped":
+            _launch(looped_tail_kernel, (rows,), self.interpret, self.warps,
+                    reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
+                    HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
+                    SCALE_COLS_P2=self.scale_cols_p2, STREAMED=self.streamed, INTERPRETED=self.interpret,
+                    PARKED_BYTES=self.parked_bytes, NUM_WARPS=self.warps, extra_shared=self.parked_bytes,
+                    max_registers=LOOPED_MAX_REGISTERS)
+            return
+        if self.form in ("row", "held", "wide"):
             hold = self.form in ("held", "wide")
             _launch(strong_tail_kernel, (rows,), self.interpret, self.warps,
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
                     HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
-                    SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, STREAMED=self.streamed, INTERPRETED=self.interpret,
-                    PARKED_BYTES=self.parked_bytes, SCALES_IN_PLACE=self.scales_in_place, extra_shared=self.parked_bytes)
+                    SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, STREAMED=self.streamed, INTERPRETED=self.interpret)
             return
         partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
         _launch(tail_mix_kernel, (m, self.pieces), self.interpret, self.num_warps,

@@ -10,10 +10,11 @@ The tail comes in two forms, as engines pick kernels by M:
   QUANT, writes the MXFP8 copy.
 - the same kernel with ``HOLD``: the row's prenorm held in registers between the passes (no park,
   no re-read; launched with twice the warps, so each thread holds half as much).
-- the same kernel with ``PARKED_BYTES``: the prenorm parked in shared memory past Triton's own (the
-  launch adds the row's bytes), not in the layer-input buffer.
 - the held kernel with a wide ``CHUNK`` (8 columns a thread of 16 warps), its last piece masked
   where it overhangs the row: each load round of a program is bigger.
+- ``looped_tail_kernel``, one program per token walking its row in a loop with the next piece's
+  loads in flight, the streams one tile, the prenorm parked in shared memory past Triton's own (the
+  launch adds the row's bytes): what fits 64 registers (8 programs of 4 warps an SM).
 - ``tail_mix_kernel`` then ``tail_norm_kernel``, one program per (token, piece) (small M, where one
   program's walk over the pieces is latency, not bandwidth): the mix writes each piece's sum of
   squares, the norm adds a row's partial sums before normalizing its piece.
@@ -43,7 +44,7 @@ INV_E4M3_MAX = tl.constexpr(1.0 / 448.0)  # rounded to fp32 where it meets an fp
 @triton.jit
 def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_out_ptr, layer_ptr, row64, c,
                HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, PARK: tl.constexpr = True,
-               STREAMED: tl.constexpr = False, PARKED_BYTES: tl.constexpr = 0):
+               STREAMED: tl.constexpr = False):
     """Post-mix and collapse of piece ``c`` of a row: stores the streams and (``PARK``) the bf16
     prenorm in the layer-input buffer, returns the prenorm's squares and the prenorm. Every tensor is
     one [CHUNK] piece in one layout: no shuffles through shared memory between the loads, the mix
@@ -78,10 +79,7 @@ def _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, residual_
         prenorm += out.to(tl.float32) * tl.load(pre_ptr + row64 * HC + j)
     prenorm = prenorm.to(tl.bfloat16)
     if PARK:
-        if PARKED_BYTES > 0:
-            ptx.store_shared_16b(2 * h - PARKED_BYTES, prenorm.to(tl.int16, bitcast=True))
-        else:
-            _store_piece(layer_ptr + row64 * HIDDEN + h, prenorm, h, HIDDEN, CHUNK, "")
+        _store_piece(layer_ptr + row64 * HIDDEN + h, prenorm, h, HIDDEN, CHUNK, "")
     p = prenorm.to(tl.float32)
     return p * p, prenorm
 
@@ -129,7 +127,7 @@ def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr
 
 @triton.jit
 def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN: tl.constexpr,
-                CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr, SCALES_IN_PLACE: tl.constexpr):
+                CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr):
     """RMSNorm of piece ``c`` from its bf16 prenorm [blocks, 32] (and its MXFP8 copy)."""
     h = _piece_blocks(c, CHUNK)
     gamma = _load_piece(weight_ptr + h, h, HIDDEN, CHUNK, "")
@@ -152,16 +150,9 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
             _store_piece(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8), h, HIDDEN, CHUNK, "")
         else:
             _store_piece(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv), h, HIDDEN, CHUNK, "")
-        if SCALES_IN_PLACE:
-            # The blocks' scale columns reduced from h, as the scales are: stored in their layout,
-            # not converted to a store's through shared memory between two barriers.
-            col = tl.min(h, axis=1) // 32
-            ptx.store_byte(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8),
-                           col < HIDDEN // 32, not INTERPRETED)
-        else:
-            col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
-            _store_piece(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8), col, HIDDEN // 32,
-                         CHUNK // 32, "")
+        col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
+        _store_piece(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8), col, HIDDEN // 32,
+                     CHUNK // 32, "")
 
 
 @triton.jit
@@ -169,8 +160,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                        residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
                        HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
                        SCALE_COLS_P2: tl.constexpr, HOLD: tl.constexpr = False, STREAMED: tl.constexpr = False,
-                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False,
-                       PARKED_BYTES: tl.constexpr = 0, SCALES_IN_PLACE: tl.constexpr = False):
+                       INTERPRETED: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program per token; ``HOLD`` keeps the prenorm pieces in registers instead of parking them.
     The last piece is masked where CHUNK does not divide the row (the wide form)."""
     PIECES: tl.constexpr = (HIDDEN + CHUNK - 1) // CHUNK
@@ -183,7 +173,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
         for c in tl.static_range(PIECES):
             piece_squares, prenorm = _mix_piece(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr,
                                                 residual_out_ptr, layer_ptr, row64, c, HIDDEN, HC, CHUNK, not HOLD,
-                                                STREAMED, PARKED_BYTES)
+                                                STREAMED)
             squares += piece_squares
             held = held + (prenorm,)
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
@@ -193,9 +183,89 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
             if HOLD:
                 prenorm = tl.reshape(held[c], (CHUNK // 32, 32))
             else:
-                prenorm = _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK, PARKED_BYTES)
+                prenorm = _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK)
             _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN, CHUNK, QUANT,
-                        INTERPRETED, SCALES_IN_PLACE)
+                        INTERPRETED)
+    elif QUANT:
+        _zero_scales_of_padded_row(scales_ptr, row, HIDDEN, SCALE_COLS_P2)
+
+
+@triton.jit
+def _piece_inputs(reduced_ptr, residual_ptr, row64, c, streams, HIDDEN: tl.constexpr, HC: tl.constexpr,
+                  CHUNK: tl.constexpr, LOAD_POLICY: tl.constexpr):
+    """Piece ``c``'s reduced row and its streams as one [HC_P2, CHUNK] tile, as loaded (bf16: widened
+    where the mix uses them, so a piece in flight holds half the registers); past the row every lane
+    is masked off."""
+    h = c * CHUNK + tl.arange(0, CHUNK)
+    in_row = h < HIDDEN
+    x = tl.load(reduced_ptr + row64 * HIDDEN + h, mask=in_row, other=0.0, eviction_policy=LOAD_POLICY)
+    tile = residual_ptr + (row64 * HC + streams[:, None]) * HIDDEN + h[None, :]
+    s = tl.load(tile, mask=(streams < HC)[:, None] & in_row[None, :], other=0.0, eviction_policy=LOAD_POLICY)
+    return x, s
+
+
+@triton.jit
+def _row_of(tile, streams, source):
+    """Row ``source`` of the streams' bf16 tile (as int32 bits: extracted exactly, -0.0 included),
+    widened to fp32."""
+    bits = tl.sum(tl.where(streams[:, None] == source, tile, 0), axis=0)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def looped_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, weight_ptr,
+                       residual_out_ptr, layer_ptr, values_ptr, scales_ptr, m, eps,
+                       HIDDEN: tl.constexpr, HC: tl.constexpr, CHUNK: tl.constexpr, QUANT: tl.constexpr,
+                       SCALE_COLS_P2: tl.constexpr, STREAMED: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+                       PDL: tl.constexpr = False, PARKED_BYTES: tl.constexpr = 0, NUM_WARPS: tl.constexpr = 4):
+    """One program per token walking its row in a loop of CHUNK-wide pieces, each piece's inputs
+    loaded while the piece before is mixed; the streams one [HC_P2, CHUNK] tile mixed for every
+    target at once, one source stream widened at a time; the prenorm parked (shared memory on the
+    GPU), its squares summed per warp (one cross-warp sum a row)."""
+    PIECES: tl.constexpr = (HIDDEN + CHUNK - 1) // CHUNK
+    HC_P2: tl.constexpr = 1 << (HC - 1).bit_length()
+    LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
+    STORE_CACHE: tl.constexpr = ".cs" if STREAMED else ""
+    _dependent_launch(PDL)
+    row = tl.program_id(0)
+    if row < m:
+        row64 = row.to(tl.int64)
+        streams = tl.arange(0, HC_P2)
+        in_streams = streams < HC
+        post = tl.load(post_ptr + row64 * HC + streams, mask=in_streams, other=0.0)
+        pre = tl.load(pre_ptr + row64 * HC + streams, mask=in_streams, other=0.0)
+        # comb[s, t] weighs source stream s into target t.
+        comb = tl.load(comb_ptr + row64 * HC * HC + streams[:, None] * HC + streams[None, :],
+                       mask=in_streams[:, None] & in_streams[None, :], other=0.0)
+        squares = tl.zeros([NUM_WARPS], tl.float32)  # per warp: no barrier inside the loop
+        next_x, next_s = _piece_inputs(reduced_ptr, residual_ptr, row64, 0, streams, HIDDEN, HC, CHUNK, LOAD_POLICY)
+        for c in range(PIECES):
+            x, s = next_x, next_s.to(tl.int16, bitcast=True).to(tl.int32)
+            next_x, next_s = _piece_inputs(reduced_ptr, residual_ptr, row64, c + 1, streams, HIDDEN, HC, CHUNK,
+                                           LOAD_POLICY)
+            h = c * CHUNK + tl.arange(0, CHUNK)
+            in_row = h < HIDDEN
+            mixed = x.to(tl.float32)[None, :] * post[:, None]  # [target, CHUNK]
+            for source in tl.static_range(HC):
+                stream = _row_of(s, streams, source)
+                weights = tl.sum(tl.where(streams[:, None] == source, comb, 0.0), axis=0)  # over targets
+                mixed += stream[None, :] * weights[:, None]
+            out = mixed.to(tl.bfloat16)
+            tl.store(residual_out_ptr + (row64 * HC + streams[:, None]) * HIDDEN + h[None, :], out,
+                     mask=in_streams[:, None] & in_row[None, :], cache_modifier=STORE_CACHE)
+            prenorm = tl.sum(out.to(tl.float32) * pre[:, None], axis=0).to(tl.bfloat16)
+            if PARKED_BYTES > 0:
+                ptx.store_shared_16b(2 * h - PARKED_BYTES, prenorm.to(tl.int16, bitcast=True))
+            else:
+                tl.store(layer_ptr + row64 * HIDDEN + h, prenorm, mask=in_row)
+            p = prenorm.to(tl.float32)
+            squares += tl.sum(tl.reshape(p * p, (NUM_WARPS, CHUNK // NUM_WARPS)), axis=1)
+        inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
+        tl.debug_barrier()  # pass 2 reads what other threads of this program parked in pass 1
+        for c in range(PIECES):
+            _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
+                        _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK, PARKED_BYTES), HIDDEN, CHUNK, QUANT,
+                        INTERPRETED)
     elif QUANT:
         _zero_scales_of_padded_row(scales_ptr, row, HIDDEN, SCALE_COLS_P2)
 
@@ -233,7 +303,7 @@ def tail_norm_kernel(layer_ptr, weight_ptr, partial_ptr, values_ptr, scales_ptr,
         partial = tl.load(partial_ptr + row64 * (HIDDEN // CHUNK) + pieces, mask=pieces < HIDDEN // CHUNK, other=0.0)
         inv = tl.math.rsqrt(tl.sum(partial, axis=0) / HIDDEN + eps)
         _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
-                    _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED, False)
+                    _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK), HIDDEN, CHUNK, QUANT, INTERPRETED)
     else:
         if QUANT:  # a padded row: this piece's scale bytes are 0
             col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
