@@ -1,6 +1,6 @@
 """One GPU, about a minute: the strong unfused kernels alone (``lamport_mhc.bench.strong_tail``),
-both forms of the tail (one program per row; split into pieces), their error against the CPU
-reference and their bandwidth against the device-copy ceiling.
+every form of the tail (``strong_tail.STRATEGIES``), their error against the CPU reference and
+their bandwidth against the device-copy ceiling.
 
     python bench/check_strong_tail.py [--hidden 4096 5120 7168] [--num-warps 4]
 

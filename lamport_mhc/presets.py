@@ -69,9 +69,9 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
                 "quant": ((32, "triton"), (100, "cute"), (8192, "triton"),)}),
     ("hopper", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((100, "cute"), (8192, "triton"),),
-                "finalize": ((8, "triton"), (64, "cute"), (8192, "triton"),),
-                "quant": ((4, "triton"), (128, "cute"), (8192, "triton"),)}),
+        routes={"plain": ((64, "cute"), (8192, "triton"),),
+                "finalize": ((8192, "triton"),),
+                "quant": ((32, "triton"), (128, "cute"), (8192, "triton"),)}),
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
         routes={"plain": ((32, "cute"), (8192, "triton"),),

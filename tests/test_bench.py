@@ -195,7 +195,7 @@ def test_reports_show_the_best_alternative(tmp_path):
     assert "no peer copy (a group of one), device copy 4000 GB/s" in summary and "## hc = 4" in summary
     assert "| 5120 | plain | 16 | triton-local | 12.0 | 11.0 | nan | nan | 1.20 | unfused-best | 24.0 | 2.00 | 2.18 |" in summary
     assert "| 5120 | plain | 1024 | 1200.0 | 1000.0 | 83% |" in summary
-    assert "From M = 1024: lowest 83% of the device copy (H=5120 plain M=1024): MISSES the 85% bar" in summary
+    assert "From M = 1024: lowest 83.3% of the device copy (H=5120 plain M=1024): MISSES the 85% bar" in summary
     notes = json.loads((tmp_path / "h200_tp1_notes.json").read_text())
     assert notes[0]["text"] == "ceilings for H=5120: no peers (a group of one), device copy 4000 GB/s"
 

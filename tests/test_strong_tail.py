@@ -38,7 +38,8 @@ def _close(actual, expected, rows):
                                                    (4, True, "split"), (4, False, "split"), (4, True, "held-streamed"),
                                                    (4, False, "split-streamed"), (4, True, "wide-streamed"),
                                                    (4, False, "wide-streamed"), (4, True, "looped-streamed"),
-                                                   (4, False, "looped-streamed"), (2, True, "looped-streamed")])
+                                                   (4, False, "looped-streamed"), (2, True, "looped-streamed"),
+                                                   (1, False, "looped")])
 def test_tail_is_the_reference_within_bf16_error(hc, quantize, strategy):
     m = 6
     reduced, residual, post, comb, pre, weight = _inputs(m, hc, seed=hc * 10 + quantize)

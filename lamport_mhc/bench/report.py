@@ -251,7 +251,7 @@ def _tail_table(rows, hc: int) -> list[str]:
     if large:
         worst = max(large, key=lambda r: r["ratio_to_floor"])
         verdict = "meets" if 1 / worst["ratio_to_floor"] >= TAIL_BAR else "MISSES"
-        lines += ["", f"From M = {TAIL_BAR_FROM_M}: lowest {100 / worst['ratio_to_floor']:.0f}% of the device copy "
+        lines += ["", f"From M = {TAIL_BAR_FROM_M}: lowest {100 / worst['ratio_to_floor']:.1f}% of the device copy "
                       f"(H={worst['hidden']} {worst['variant']} M={worst['m']}): {verdict} the "
                       f"{TAIL_BAR:.0%} bar of a fair baseline."]
     return lines + [""]

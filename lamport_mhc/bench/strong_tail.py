@@ -36,13 +36,18 @@ def _launch(kernel, grid, interpret: bool, num_warps: int, *args, extra_shared: 
     kernel[grid](*args, **options)
 
 
-STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed", "looped-streamed")
+STRATEGIES = ("row", "held", "split", "held-streamed", "split-streamed", "wide-streamed", "looped", "looped-streamed")
 # The looped form: pieces of up to this many columns (8 a thread: 16-byte accesses), at most this
 # many registers (4 warps: 8 programs per SM, as the fused kernels' parked forms). One H200, quant
 # streamed, us at M = 1024 / 2048, pieces of 1024 against 2048 (8 warps) at H = 4096: 25.6 / 48.9
 # against 24.1 / 47.9 (plain 21.9 / 45.0 against 22.0 / 44.1); 4096-wide pieces of 16 warps: 28.0 / 51.2.
 LOOPED_MAX_CHUNK = 2048
 LOOPED_MAX_REGISTERS = 64
+# Its second pass loads the next piece's weights while normalizing one. One H200, quant M = 1024 /
+# 2048, us with / without, streamed: H 5120 31.0 / 60.6 against 31.2 / 60.6, H 7168 43.5 / 86.2
+# against 43.6 / 86.3; without the hints (which lose at M = 1024 and win at 2048): 31.6 / 59.4
+# against 31.8 / 59.7, 44.8 / 82.6 against 44.9 / 83.0. Pieces of 512 (2 warps) lost: 33.6 / 63.4
+# and 61.5 / 102.4 streamed.
 # It replaced the parked form (the row form with its prenorm in shared memory, its pieces unrolled:
 # 96-115 registers, uncapped): one H200, streamed, us, looped / parked / held (the held form's 8
 # warps), M = 1024 and 2048: H 7168 quant 43.5 / 45.3 / 46.9 and 86.5 / 89.7 / 92.3, plain 38.9 / 41.6

@@ -127,10 +127,12 @@ def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr
 
 @triton.jit
 def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN: tl.constexpr,
-                CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr):
-    """RMSNorm of piece ``c`` from its bf16 prenorm [blocks, 32] (and its MXFP8 copy)."""
+                CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr, gamma=None):
+    """RMSNorm of piece ``c`` from its bf16 prenorm [blocks, 32] (and its MXFP8 copy); ``gamma``:
+    the piece's weights, where loaded already."""
     h = _piece_blocks(c, CHUNK)
-    gamma = _load_piece(weight_ptr + h, h, HIDDEN, CHUNK, "")
+    if gamma is None:
+        gamma = _load_piece(weight_ptr + h, h, HIDDEN, CHUNK, "")
     y = (prenorm.to(tl.float32) * inv * gamma).to(tl.bfloat16)
     _store_piece(layer_ptr + row64 * HIDDEN + h, y, h, HIDDEN, CHUNK, "")
     if QUANT:
@@ -219,9 +221,10 @@ def looped_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
                        SCALE_COLS_P2: tl.constexpr, STREAMED: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
                        PDL: tl.constexpr = False, PARKED_BYTES: tl.constexpr = 0, NUM_WARPS: tl.constexpr = 4):
     """One program per token walking its row in a loop of CHUNK-wide pieces, each piece's inputs
-    loaded while the piece before is mixed; the streams one [HC_P2, CHUNK] tile mixed for every
-    target at once, one source stream widened at a time; the prenorm parked (shared memory on the
-    GPU), its squares summed per warp (one cross-warp sum a row)."""
+    loaded while the piece before is mixed (in the second pass, its weights while the piece before is
+    normalized); the streams one [HC_P2, CHUNK] tile mixed for every target at once, one source
+    stream widened at a time; the prenorm parked (shared memory on the GPU), its squares summed per
+    warp (one cross-warp sum a row)."""
     PIECES: tl.constexpr = (HIDDEN + CHUNK - 1) // CHUNK
     HC_P2: tl.constexpr = 1 << (HC - 1).bit_length()
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
@@ -262,10 +265,14 @@ def looped_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
             squares += tl.sum(tl.reshape(p * p, (NUM_WARPS, CHUNK // NUM_WARPS)), axis=1)
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
         tl.debug_barrier()  # pass 2 reads what other threads of this program parked in pass 1
-        for c in range(PIECES):
+        next_gamma = tl.load(weight_ptr + _piece_blocks(0, CHUNK))
+        for c in range(PIECES):  # the next piece's weights in flight while this one is normalized
+            gamma = next_gamma.to(tl.float32)
+            ahead = _piece_blocks(c + 1, CHUNK)
+            next_gamma = tl.load(weight_ptr + ahead, mask=ahead < HIDDEN, other=0.0)
             _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
                         _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK, PARKED_BYTES), HIDDEN, CHUNK, QUANT,
-                        INTERPRETED)
+                        INTERPRETED, gamma)
     elif QUANT:
         _zero_scales_of_padded_row(scales_ptr, row, HIDDEN, SCALE_COLS_P2)
 

@@ -378,7 +378,7 @@ class Sweep:
                 self.note(hidden, f"strong tail form {variant} H={hidden}: {self._runs(forms)}")
             fractions = [r["floor_us"] / r["us_median"] for r in tails if r["variant"] == variant]
             if fractions:
-                self.note(hidden, f"strong tail {variant} H={hidden}: {min(fractions):.0%}-{max(fractions):.0%} "
+                self.note(hidden, f"strong tail {variant} H={hidden}: {min(fractions):.1%}-{max(fractions):.1%} "
                                   f"of the device copy ({ceilings.hbm_gbps:.0f} GB/s) from M = {TAIL_BAR_FROM_M}")
 
     def _runs(self, choices: dict) -> str:
