@@ -101,7 +101,7 @@ def test_launchers_refuse_what_they_do_not_cover():
 
 
 def test_gpu_check_script_runs_under_the_interpreter():
-    """bench/check_strong_tail.py as the lead runs it on a GPU, here on the CPU (checks the script)."""
+    """bench/check_strong_tail.py as it runs on a GPU, here on the CPU (checks the script)."""
     import subprocess
     import sys
     from pathlib import Path

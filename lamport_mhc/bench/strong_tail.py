@@ -46,8 +46,8 @@ LOOPED_MAX_REGISTERS = 64
 # Its second pass loads the next piece's weights while normalizing one. One H200, quant M = 1024 /
 # 2048, us with / without, streamed: H 5120 31.0 / 60.6 against 31.2 / 60.6, H 7168 43.5 / 86.2
 # against 43.6 / 86.3; without the hints (which lose at M = 1024 and win at 2048): 31.6 / 59.4
-# against 31.8 / 59.7, 44.8 / 82.6 against 44.9 / 83.0. Pieces of 512 (2 warps) lost: 33.6 / 63.4
-# and 61.5 / 102.4 streamed.
+# against 31.8 / 59.7, 44.8 / 82.6 against 44.9 / 83.0. Pieces of 512 (2 warps) lost, streamed: 33.6 / 63.4
+# at H 5120, 61.5 / 102.4 at 7168.
 # It replaced the parked form (the row form with its prenorm in shared memory, its pieces unrolled:
 # 96-115 registers, uncapped): one H200, streamed, us, looped / parked / held (the held form's 8
 # warps), M = 1024 and 2048: H 7168 quant 43.5 / 45.3 / 46.9 and 86.5 / 89.7 / 92.3, plain 38.9 / 41.6

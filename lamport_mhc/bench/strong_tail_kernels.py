@@ -2,7 +2,7 @@
 an inference engine writes them, bandwidth-bound, fp32 math, 16-byte accesses, the row walked in
 CHUNK-wide pieces (H = 5120 and 7168: five and seven of 1024, no padding lanes).
 
-The tail comes in two forms, as engines pick kernels by M:
+The tail comes in these forms, as engines pick kernels by M:
 
 - ``strong_tail_kernel``, one program per token (large M). Pass 1 over the pieces: post-mix of the
   hc streams, collapse with pre, the bf16 prenorm parked in the layer-input buffer, its squares
