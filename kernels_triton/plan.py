@@ -152,7 +152,7 @@ def wide_takes_many_rows(hidden: int, variant: str, of_x: bool = True) -> bool:
     where the held twin then is not built: where its chunks tile the row, and the quant variant's
     four-chunk twin."""
     width = wide_chunk(hidden, variant, of_x)
-    return width is not None and (hidden % width == 0 or four_chunk_wide(hidden, variant))
+    return width is not None and (hidden % width == 0 or width == 4 * row_chunks(hidden)[0])
 
 
 def _row_forms(may_hold: bool, wide: int | None, wide_takes_many: bool, chunk: int, chunks: int,
