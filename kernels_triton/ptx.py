@@ -42,6 +42,15 @@ def bf16x2_rn(x):
 
 
 @triton.jit
+def bf16x2_rn_raw(x):
+    """bf16 bits (int16) of fp32 ``x``, round to nearest even, two values a ``cvt.rn.bf16x2.f32``
+    (Triton's own cast converts one value an instruction); a NaN comes out as the hardware gives it.
+    For kernels outside the bit contract (the benchmark's baselines). GPU only."""
+    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", args=[x], dtype=tl.int16,
+                                     is_pure=True, pack=2)
+
+
+@triton.jit
 def bf16x2_to_f32(bits):
     """fp32 values of bf16 bits (int16), two a register: a shift for the low half, a mask for the
     high one. GPU only: ``numerics.bf16_to_f32`` holds the interpreter's twin."""

@@ -99,14 +99,19 @@ def test_calls_routed_to_different_kernel_sets_share_one_workspace():
     assert seen == {(rank, big, name) for rank in (0, 1) for big in (False, True) for name in ("first", "second")}
 
 
-def test_nan_inf_and_signed_zero_inputs():
-    """NaN and Inf travel through every step with the reference's bits (no NaN is the sentinel)."""
-    group = _group(2, 256, bt_min_rows=4)
+@pytest.mark.parametrize("tp,hidden", [(2, 256), (1, 256), (1, 1408)])
+def test_nan_inf_and_signed_zero_inputs(tp, hidden):
+    """NaN and Inf travel through every step with the reference's bits (no NaN is the sentinel), and
+    a reduced -0.0 is +0.0: where x and every stream are -0.0, the mixed streams are +0.0."""
+    group = _group(tp, hidden, bt_min_rows=4 if tp > 1 else None)
     for m in (3, 8):
-        inputs = random_inputs(2, m, 256, HC, seed=m, top_k=TOP_K)
+        inputs = random_inputs(tp, m, hidden, HC, seed=m, top_k=TOP_K)
         inputs["xs"][0][1, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
-        inputs["xs"][1][1, 4:8] = torch.tensor([-0.0, -0.0, float("nan"), 1.0])
+        inputs["xs"][-1][1, 4:8] = torch.tensor([-0.0, -0.0, float("nan"), 1.0])
         inputs["residual"][1, 2, 8:12] = torch.tensor([float("inf"), float("nan"), -0.0, -0.0])
+        for x in inputs["xs"]:
+            x[1, 12:16] = -0.0
+        inputs["residual"][1, :, 12:16] = -0.0
         inputs["post"][1, 1] = float("nan")
         inputs["shareds"][0][1, :3] = torch.tensor([float("inf"), -0.0, float("nan")])
         for variant in VARIANTS:

@@ -36,9 +36,24 @@ rounded once to bf16.
 import triton
 import triton.language as tl
 
-from kernels_triton import ptx
+from kernels_triton import numerics, ptx
 
 INV_E4M3_MAX = tl.constexpr(1.0 / 448.0)  # rounded to fp32 where it meets an fp32 operand: 0x3B124925
+
+
+@triton.jit
+def _widen(bits, INTERPRETED: tl.constexpr):
+    """fp32 of bf16 bits (int16): a shift or a mask a value on the GPU, where Triton's own cast
+    takes two instructions for every other one."""
+    return numerics.bf16_to_f32(bits, not INTERPRETED)
+
+
+@triton.jit
+def _bf16_bits(x, INTERPRETED: tl.constexpr):
+    """bf16 bits (int16) of fp32 ``x``, round to nearest even: two values an instruction on the GPU."""
+    if INTERPRETED:
+        return x.to(tl.bfloat16).to(tl.int16, bitcast=True)
+    return ptx.bf16x2_rn_raw(x)
 
 
 @triton.jit
@@ -117,26 +132,27 @@ def _piece_blocks(c, CHUNK: tl.constexpr):
 
 @triton.jit
 def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, PARKED_BYTES: tl.constexpr = 0):
-    """The prenorm piece pass 1 parked: in the layer-input buffer, or in the ``PARKED_BYTES`` of
-    dynamic shared memory the launch adds past Triton's own."""
+    """The bf16 bits (int16) of the prenorm piece pass 1 parked: in the layer-input buffer, or in the
+    ``PARKED_BYTES`` of dynamic shared memory the launch adds past Triton's own."""
     h = _piece_blocks(c, CHUNK)
     if PARKED_BYTES > 0:
-        return ptx.load_shared_16b(2 * h - PARKED_BYTES).to(tl.bfloat16, bitcast=True)
-    return _load_piece(layer_ptr + row64 * HIDDEN + h, h, HIDDEN, CHUNK, "").to(tl.bfloat16)
+        return ptx.load_shared_16b(2 * h - PARKED_BYTES)
+    bits = tl.load((layer_ptr + row64 * HIDDEN + h).to(tl.pointer_type(tl.int16), bitcast=True), mask=h < HIDDEN)
+    return bits
 
 
 @triton.jit
 def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN: tl.constexpr,
                 CHUNK: tl.constexpr, QUANT: tl.constexpr, INTERPRETED: tl.constexpr, gamma=None):
-    """RMSNorm of piece ``c`` from its bf16 prenorm [blocks, 32] (and its MXFP8 copy); ``gamma``:
-    the piece's weights, where loaded already."""
+    """RMSNorm of piece ``c`` from its prenorm's bf16 bits [blocks, 32] (and its MXFP8 copy);
+    ``gamma``: the piece's weights in fp32, where loaded already."""
     h = _piece_blocks(c, CHUNK)
     if gamma is None:
         gamma = _load_piece(weight_ptr + h, h, HIDDEN, CHUNK, "")
-    y = (prenorm.to(tl.float32) * inv * gamma).to(tl.bfloat16)
-    _store_piece(layer_ptr + row64 * HIDDEN + h, y, h, HIDDEN, CHUNK, "")
+    y = _bf16_bits(_widen(prenorm, INTERPRETED) * inv * gamma, INTERPRETED)
+    _store_piece(layer_ptr + row64 * HIDDEN + h, y.to(tl.bfloat16, bitcast=True), h, HIDDEN, CHUNK, "")
     if QUANT:
-        yf = y.to(tl.float32)
+        yf = _widen(y, INTERPRETED)
         scale = tl.max(tl.abs(yf), axis=1) * INV_E4M3_MAX
         bits = scale.to(tl.int32, bitcast=True)
         exponent = (bits >> 23) & 0xFF
@@ -147,10 +163,11 @@ def _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, pr
         inverse = ((254 - u) << 23).to(tl.float32, bitcast=True)
         inverse = tl.where(u == 0, 0.0, inverse)
         q = yf * inverse[:, None]
-        q = tl.minimum(tl.maximum(tl.where(q != q, 448.0, q), -448.0), 448.0)  # NaN -> 448, as min.f32 does
         if INTERPRETED:  # values_ptr is uint8 here: the interpreter's fp8 cast loses exponent carries
+            q = tl.minimum(tl.maximum(tl.where(q != q, 448.0, q), -448.0), 448.0)
             _store_piece(values_ptr + row64 * HIDDEN + h, _e4m3_bits(q).to(tl.uint8), h, HIDDEN, CHUNK, "")
-        else:
+        else:  # min.f32 takes a NaN to 448 and the conversion saturates below -448: the same clamp
+            q = tl.minimum(q, 448.0)
             _store_piece(values_ptr + row64 * HIDDEN + h, q.to(tl.float8e4nv), h, HIDDEN, CHUNK, "")
         col = c * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
         _store_piece(scales_ptr + _scale_offset(row64, col, HIDDEN // 32), u.to(tl.uint8), col, HIDDEN // 32,
@@ -183,7 +200,7 @@ def strong_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
             tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
         for c in tl.static_range(PIECES):
             if HOLD:
-                prenorm = tl.reshape(held[c], (CHUNK // 32, 32))
+                prenorm = tl.reshape(held[c], (CHUNK // 32, 32)).to(tl.int16, bitcast=True)
             else:
                 prenorm = _parked_piece(layer_ptr, row64, c, HIDDEN, CHUNK)
             _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv, prenorm, HIDDEN, CHUNK, QUANT,
@@ -208,10 +225,8 @@ def _piece_inputs(reduced_ptr, residual_ptr, row64, c, streams, HIDDEN: tl.const
 
 @triton.jit
 def _row_of(tile, streams, source):
-    """Row ``source`` of the streams' bf16 tile (as int32 bits: extracted exactly, -0.0 included),
-    widened to fp32."""
-    bits = tl.sum(tl.where(streams[:, None] == source, tile, 0), axis=0)
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    """Row ``source`` of the streams' tile of bf16 bits (int16), extracted exactly (-0.0 included)."""
+    return tl.sum(tl.where(streams[:, None] == source, tile, 0), axis=0).to(tl.int16)
 
 
 @triton.jit
@@ -243,31 +258,32 @@ def looped_tail_kernel(reduced_ptr, residual_ptr, post_ptr, comb_ptr, pre_ptr, w
         squares = tl.zeros([NUM_WARPS], tl.float32)  # per warp: no barrier inside the loop
         next_x, next_s = _piece_inputs(reduced_ptr, residual_ptr, row64, 0, streams, HIDDEN, HC, CHUNK, LOAD_POLICY)
         for c in range(PIECES):
-            x, s = next_x, next_s.to(tl.int16, bitcast=True).to(tl.int32)
+            x, s = next_x.to(tl.int16, bitcast=True), next_s.to(tl.int16, bitcast=True)
             next_x, next_s = _piece_inputs(reduced_ptr, residual_ptr, row64, c + 1, streams, HIDDEN, HC, CHUNK,
                                            LOAD_POLICY)
             h = c * CHUNK + tl.arange(0, CHUNK)
             in_row = h < HIDDEN
-            mixed = x.to(tl.float32)[None, :] * post[:, None]  # [target, CHUNK]
+            mixed = _widen(x, INTERPRETED)[None, :] * post[:, None]  # [target, CHUNK]
             for source in tl.static_range(HC):
-                stream = _row_of(s, streams, source)
+                stream = _widen(_row_of(s, streams, source), INTERPRETED)
                 weights = tl.sum(tl.where(streams[:, None] == source, comb, 0.0), axis=0)  # over targets
                 mixed += stream[None, :] * weights[:, None]
-            out = mixed.to(tl.bfloat16)
-            tl.store(residual_out_ptr + (row64 * HC + streams[:, None]) * HIDDEN + h[None, :], out,
-                     mask=in_streams[:, None] & in_row[None, :], cache_modifier=STORE_CACHE)
-            prenorm = tl.sum(out.to(tl.float32) * pre[:, None], axis=0).to(tl.bfloat16)
+            out = _bf16_bits(mixed, INTERPRETED)
+            tl.store(residual_out_ptr + (row64 * HC + streams[:, None]) * HIDDEN + h[None, :],
+                     out.to(tl.bfloat16, bitcast=True), mask=in_streams[:, None] & in_row[None, :],
+                     cache_modifier=STORE_CACHE)
+            prenorm = _bf16_bits(tl.sum(_widen(out, INTERPRETED) * pre[:, None], axis=0), INTERPRETED)
             if PARKED_BYTES > 0:
-                ptx.store_shared_16b(2 * h - PARKED_BYTES, prenorm.to(tl.int16, bitcast=True))
+                ptx.store_shared_16b(2 * h - PARKED_BYTES, prenorm)
             else:
-                tl.store(layer_ptr + row64 * HIDDEN + h, prenorm, mask=in_row)
-            p = prenorm.to(tl.float32)
+                tl.store(layer_ptr + row64 * HIDDEN + h, prenorm.to(tl.bfloat16, bitcast=True), mask=in_row)
+            p = _widen(prenorm, INTERPRETED)
             squares += tl.sum(tl.reshape(p * p, (NUM_WARPS, CHUNK // NUM_WARPS)), axis=1)
         inv = tl.math.rsqrt(tl.sum(squares, axis=0) / HIDDEN + eps)
         tl.debug_barrier()  # pass 2 reads what other threads of this program parked in pass 1
         next_gamma = tl.load(weight_ptr + _piece_blocks(0, CHUNK))
         for c in range(PIECES):  # the next piece's weights in flight while this one is normalized
-            gamma = next_gamma.to(tl.float32)
+            gamma = _widen(next_gamma.to(tl.int16, bitcast=True), INTERPRETED)
             ahead = _piece_blocks(c + 1, CHUNK)
             next_gamma = tl.load(weight_ptr + ahead, mask=ahead < HIDDEN, other=0.0)
             _norm_piece(layer_ptr, weight_ptr, values_ptr, scales_ptr, row64, c, inv,
