@@ -48,6 +48,12 @@ LOOPED_MAX_REGISTERS = 64
 # against 43.6 / 86.3; without the hints (which lose at M = 1024 and win at 2048): 31.6 / 59.4
 # against 31.8 / 59.7, 44.8 / 82.6 against 44.9 / 83.0. Pieces of 512 (2 warps) lost, streamed: 33.6 / 63.4
 # at H 5120, 61.5 / 102.4 at 7168.
+# Its bf16 conversions take two values an instruction (``cvt.rn.bf16x2``, widened by a shift or a
+# mask) and its fp8 clamp one ``min`` (the conversion saturates): 514 instructions a piece where it
+# took 603 (H 7168 quant, sm_90a SASS). One H200, us at M = 1024 / 2048, after / before, streamed:
+# H 7168 quant 41.8 / 85.5 against 43.3 / 86.8, H 5120 quant 30.1 / 59.6 against 31.2 / 60.6;
+# unhinted 42.8 / 81.2 against 44.4 / 83.1 and 30.3 / 58.0 against 32.0 / 59.5; plain (streamed,
+# M = 1024) H 7168 38.5 against 38.7, H 5120 27.2 against 27.7.
 # It replaced the parked form (the row form with its prenorm in shared memory, its pieces unrolled:
 # 96-115 registers, uncapped): one H200, streamed, us, looped / parked / held (the held form's 8
 # warps), M = 1024 and 2048: H 7168 quant 43.5 / 45.3 / 46.9 and 86.5 / 89.7 / 92.3, plain 38.9 / 41.6
