@@ -137,8 +137,8 @@ def _parked_piece(layer_ptr, row64, c, HIDDEN: tl.constexpr, CHUNK: tl.constexpr
     h = _piece_blocks(c, CHUNK)
     if PARKED_BYTES > 0:
         return ptx.load_shared_16b(2 * h - PARKED_BYTES)
-    bits = tl.load((layer_ptr + row64 * HIDDEN + h).to(tl.pointer_type(tl.int16), bitcast=True), mask=h < HIDDEN)
-    return bits
+    return tl.load((layer_ptr + row64 * HIDDEN + h).to(tl.pointer_type(tl.int16), bitcast=True), mask=h < HIDDEN,
+                   other=0)
 
 
 @triton.jit
