@@ -28,10 +28,11 @@ PHASE_CODES = {"publish": PUBLISH_PHASE.value, "consume": MIX_PHASE.value | NORM
 
 MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
 
-# The cooperative form while its programs fit one wave: ~71 registers x 128 threads leave 7 programs
-# per SM. On one H200 (tp = 1, clusters) it beat the streaming form up to 128 rows at H = 5120 and
-# 7168 (plain 5.3 / 7.4 us against 7.1 / 9.1) and lost at 256 (9.3 / 11.7 against 8.3 / 10.6), but
-# for the finalize at H = 7168 (16.8 against 19.4 us).
+# The cooperative form while its programs fit one wave of 7 programs per SM (the local ones' capped
+# twins take the calls past what the uncapped form holds: ``plan.LOCAL_COOPERATIVE_MAX_REGISTERS``).
+# On one H200 (tp = 1, clusters) it beat the streaming form up to 128 rows at H = 5120 and 7168
+# (plain 5.3 / 7.4 us against 7.1 / 9.1) and lost at 256 (9.3 / 11.7 against 8.3 / 10.6), but for
+# the finalize at H = 7168 (16.8 against 19.4 us).
 COOPERATIVE_PROGRAMS_PER_SM = 7
 
 

@@ -16,11 +16,13 @@ root, which is exact for every sum of squares.
   (``PARKED_BYTES``, past Triton's own), under the interpreter in ``layer_out``. Parked in
   ``layer_out``, a row waited there long enough (one program takes a token's whole row) to be
   written back to HBM and read again: 10% more HBM bytes for the finalize at H = 7168.
-- Cooperative: a program keeps its prenormalized chunk in registers and exchanges chunk roots with
-  the token's other programs, which are one cluster of CTAs (``plan.KernelInstance.cluster``): each
-  stores its root into every CTA's shared memory, one cluster barrier, then each normalizes its own
-  chunk. The cluster is scheduled at once, so no program waits for one that has not started. The
-  simulated group parks the roots in ``parked_roots`` (fp32 [capacity, CHUNKS]) instead.
+- Cooperative: a program keeps its prenormalized chunk in registers and exchanges its chunk's sum
+  of squares with the token's other programs, which are one cluster of CTAs
+  (``plan.KernelInstance.cluster``): each warp stores its part (the root of its subtree) into every
+  CTA's shared memory, one cluster barrier, then every thread joins the parts by the tree and each
+  program normalizes its own chunk. The cluster is scheduled at once, so no program waits for one
+  that has not started. The simulated group parks the chunk roots in ``parked_roots`` (fp32
+  [capacity, CHUNKS]) instead.
 
 Specialized by constexprs:
 - ``PUBLISH`` (LL only): 0, the publish kernel ran before; otherwise the call is one kernel, whose
@@ -43,6 +45,10 @@ Specialized by constexprs:
   next GEMM reads, is stored plainly). Which calls take them: ``traffic.STREAMED_ROWS``.
 - ``PREFETCH`` (the parked streaming form of x): each chunk's inputs are loaded while the chunk
   before is mixed, and gamma a chunk ahead in the second pass (``plan.PARKED_PREFETCH_VARIANTS``).
+- ``PER_THREAD_WEIGHTS``: every thread holds all of the token's mix weights (``_mix_weights``);
+  otherwise they are spread over the program's threads. With it, the local cooperative form of x
+  (the latency form) stores the mixed streams after the exchange in calls of few rows
+  (``LATE_STORE_MAX_ROWS``).
 Every step follows the bit contract of ``lamport_mhc.reference``; see DESIGN.md.
 """
 
@@ -53,13 +59,17 @@ from . import lamport, ptx
 
 from .publish import contribution_chunk
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
-                       pairwise_columns, pairwise_sum, row_of, scale_offset, subtree_roots, ue8m0_scale)
+                       pairwise_columns, pairwise_of, pairwise_sum, row_of, scale_offset, subtree_roots, ue8m0_scale)
 
 PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 # PHASES bits.
 PUBLISH_PHASE, MIX_PHASE, NORMALIZE_PHASE = tl.constexpr(1), tl.constexpr(2), tl.constexpr(4)
 ALL_PHASES = tl.constexpr(7)
+# Calls of at most this many rows store the latency form's mixed streams after the cluster exchange
+# (``LATE_STORES``). One H200, tp = 1, H = 7168, us late / early: plain M = 1 / 4 / 8 / 16 2.16 /
+# 2.27, 2.17 / 2.26, 2.28 / 2.25, 2.51 / 2.53; quant M = 16 2.86 / 2.78.
+LATE_STORE_MAX_ROWS = tl.constexpr(8)
 
 
 @triton.jit
@@ -84,26 +94,58 @@ def _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, ge
 
 
 @triton.jit
-def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
+def _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, residual_out_ptr,
                layer_out_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, BLOCK_HC: tl.constexpr,
                CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, PARKED_BYTES: tl.constexpr,
-               STREAMED: tl.constexpr, ON_GPU: tl.constexpr):
-    """The first pass over one chunk: post-mix and store the streams; then (with the norm) collapse
-    and return the prenormalized chunk's bf16 bits and the roots of its squares' tree's subtrees
-    of a warp each (``subtree_roots``: the chunk's tree goes on across warps later), having parked
-    the chunk (``_park``) if ``PARK``.
+               STREAMED: tl.constexpr, ON_GPU: tl.constexpr, PER_THREAD_WEIGHTS: tl.constexpr,
+               STORE_STREAMS: tl.constexpr):
+    """The first pass over one chunk: post-mix the streams (and store them, if ``STORE_STREAMS``);
+    then (with the norm) collapse and return the roots of the squares' tree's subtrees of a warp
+    each (``subtree_roots``: the chunk's tree goes on across warps later), the prenormalized chunk's
+    bf16 bits and the mixed streams' (for ``_store_streams``), having parked the chunk (``_park``)
+    if ``PARK``.
     The streams come as one [BLOCK_HC, CHUNK] tile, each thread holding all its rows, and the mix
     runs on the tile: as HC separate vectors with scalar weights, ptxas issued two of the streams'
     loads only when the mix reached them (a second memory latency), 1.3-1.5 us slower at M = 64-128
-    on one H200."""
+    on one H200. The weights come as ``_mix_weights`` loaded them."""
     # Post-mix, all targets at once: m[j] = reduced * post[j], then m[j] = fma(res[s], comb[s, j], m[j]).
     mixed = bf16_to_f32(reduced, ON_GPU)[None, :] * post[:, None]
     for source in tl.static_range(HC):
         stream = bf16_to_f32(row_of(residual, streams, source).to(tl.int16), ON_GPU)
-        comb = row_of(comb_bits, streams, source).to(tl.float32, bitcast=True)
+        if PER_THREAD_WEIGHTS:
+            weights = comb[source]
+        else:
+            weights = row_of(comb, streams, source).to(tl.float32, bitcast=True)
         mixed = ptx.fma_rn(tl.broadcast_to(stream[None, :], (BLOCK_HC, CHUNK)),
-                           tl.broadcast_to(comb[:, None], (BLOCK_HC, CHUNK)), mixed, ON_GPU)
+                           tl.broadcast_to(weights[:, None], (BLOCK_HC, CHUNK)), mixed, ON_GPU)
     residual_out = f32_to_bf16(mixed, ON_GPU)
+    if STORE_STREAMS:
+        _store_streams(residual_out, token, h, in_row, streams, residual_out_ptr, HIDDEN, HC, STREAMED)
+    PARTS: tl.constexpr = CHUNK // 256  # a part per warp (plan.row_warps)
+    roots = tl.zeros([PARTS], tl.float32)
+    prenorm_bits = tl.zeros([CHUNK], tl.int16)
+    if VARIANT != RESIDUAL_ONLY:
+        # Collapse with the pre-mix, in target order.
+        collapsed = tl.zeros([CHUNK], tl.float32)
+        for target in tl.static_range(HC):
+            if PER_THREAD_WEIGHTS:
+                weight = pre[target]
+            else:
+                weight = tl.sum(tl.where(streams == target, pre, 0)).to(tl.float32, bitcast=True)
+            stream = bf16_to_f32(row_of(residual_out.to(tl.int32), streams, target).to(tl.int16), ON_GPU)
+            collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
+        prenorm_bits = f32_to_bf16(collapsed, ON_GPU)
+        if PARK:
+            _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES)
+        prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
+        roots = subtree_roots(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK, PARTS)
+    return roots, prenorm_bits, residual_out
+
+
+@triton.jit
+def _store_streams(residual_out, token, h, in_row, streams, residual_out_ptr, HIDDEN: tl.constexpr,
+                   HC: tl.constexpr, STREAMED: tl.constexpr):
+    """Store the mixed streams of columns ``h`` (``_mix_chunk``'s [BLOCK_HC, CHUNK] bf16 bits)."""
     tile = (token * HC + streams[:, None]) * HIDDEN + h[None, :]
     # (Stored under an L2 evict_first cache policy instead, as the CuTe kernel stores them, the
     # quant calls at M = 1024 took 1% longer on one H200: H 4096 / 5120 / 7168 24.8 / 31.8 / 44.8 us
@@ -111,23 +153,6 @@ def _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, 
     STORE_CACHE: tl.constexpr = ".cs" if STREAMED else ""
     tl.store(residual_out_ptr + tile, residual_out, mask=(streams < HC)[:, None] & in_row[None, :],
              cache_modifier=STORE_CACHE)
-    PARTS: tl.constexpr = CHUNK // 256  # a part per warp (plan.row_warps)
-    roots = tl.zeros([PARTS], tl.float32)
-    prenorm_bits = tl.zeros([CHUNK], tl.int16)
-    if VARIANT != RESIDUAL_ONLY:
-        # Collapse with the pre-mix, in target order.
-        collapsed = tl.zeros([CHUNK], tl.float32)
-        residual_out = residual_out.to(tl.int32)
-        for target in tl.static_range(HC):
-            weight = tl.sum(tl.where(streams == target, pre_bits, 0)).to(tl.float32, bitcast=True)
-            stream = bf16_to_f32(row_of(residual_out, streams, target).to(tl.int16), ON_GPU)
-            collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
-        prenorm_bits = f32_to_bf16(collapsed, ON_GPU)
-        if PARK:
-            _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES)
-        prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
-        roots = subtree_roots(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK, PARTS)
-    return roots, prenorm_bits
 
 
 @triton.jit
@@ -191,8 +216,16 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
 @triton.jit
 def _normalize_chunk(prenorm_bits, gamma_bits, inv_rms, token, num_tokens, chunk, h, in_row, layer_out_ptr,
                      values_ptr, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
-                     ON_GPU: tl.constexpr):
-    layer = f32_to_bf16((bf16_to_f32(prenorm_bits, ON_GPU) * inv_rms) * bf16_to_f32(gamma_bits, ON_GPU), ON_GPU)
+                     ON_GPU: tl.constexpr, PER_WARP: tl.constexpr = False):
+    """Normalize one chunk and store it (and its MXFP8 copy). ``inv_rms``: a scalar, or with
+    ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each scaling the warp's columns."""
+    prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
+    if PER_WARP:
+        PARTS: tl.constexpr = CHUNK // 256
+        scaled = tl.reshape(tl.reshape(prenorm, (PARTS, CHUNK // PARTS)) * inv_rms[:, None], (CHUNK,))
+    else:
+        scaled = prenorm * inv_rms
+    layer = f32_to_bf16(scaled * bf16_to_f32(gamma_bits, ON_GPU), ON_GPU)
     tl.store(layer_out_ptr + token * HIDDEN + h, layer, mask=in_row)
     if VARIANT == QUANT:
         _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK, ON_GPU)
@@ -201,8 +234,32 @@ def _normalize_chunk(prenorm_bits, gamma_bits, inv_rms, token, num_tokens, chunk
 @triton.jit
 def _inverse_rms(roots, eps, HIDDEN: tl.constexpr, ROOTS: tl.constexpr):
     """1 / sqrt(mean of squares + eps) from the chunk roots: their tree, IEEE division and square root."""
-    mean = tl.math.div_rn(pairwise_sum(roots, ROOTS), tl.full([], HIDDEN, tl.float32)) + eps
+    return _inverse_rms_of(pairwise_sum(roots, ROOTS), eps, HIDDEN)
+
+
+@triton.jit
+def _inverse_rms_of(total, eps, HIDDEN: tl.constexpr):
+    mean = tl.math.div_rn(total, tl.full([], HIDDEN, tl.float32)) + eps
     return tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.math.sqrt_rn(mean))
+
+
+@triton.jit
+def _exchanged_inverse_rms(parts, part, eps, HIDDEN: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
+                           PARTS: tl.constexpr):
+    """The cooperative form's ``_inverse_rms``, on the GPU: each warp's part of its chunk's sum of
+    squares (``parts``, [PARTS], a part per warp) goes into the cluster as it is
+    (``ptx.exchange_parts_in_cluster``), and every thread joins the token's parts by the contract's
+    tree, parts into chunk roots, roots (padded with +0) into the sum. No CTA barrier joins a
+    CTA's warps first (a cross-warp tree of the parts took five), so the result comes as ``parts``
+    does: a copy per warp, [PARTS]."""
+    exchanged = ptx.exchange_parts_in_cluster(parts, tl.arange(0, PARTS), part, CHUNKS)
+    roots = ()
+    for chunk in tl.static_range(ROOTS):
+        if chunk < CHUNKS:
+            roots = roots + (pairwise_of(exchanged, chunk * ptx.MAX_PARTS, PARTS),)
+        else:
+            roots = roots + (tl.zeros_like(parts),)
+    return _inverse_rms_of(pairwise_of(roots, 0, ROOTS), eps, HIDDEN)
 
 
 @triton.jit
@@ -230,6 +287,37 @@ def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, valu
 
 
 @triton.jit
+def _mix_weights(post_ptr, comb_ptr, pre_ptr, token, streams, in_streams, HC: tl.constexpr, NORM: tl.constexpr,
+                 PER_THREAD_WEIGHTS: tl.constexpr):
+    """The token's mix weights (post, comb, pre), as ``_comb_column`` and ``_pre_weight`` take them.
+    With ``PER_THREAD_WEIGHTS`` every thread holds all of them: post as a column of the streams'
+    tile, comb as one column per source (its weights by target), pre as a scalar per target.
+    Otherwise they are tiles spread over the program's threads (comb [source, target]), fewer
+    registers, but each use gathers a source's weights across warps: a shared-memory round trip and
+    two barriers."""
+    if PER_THREAD_WEIGHTS:
+        post = tl.zeros(streams.shape, tl.float32)
+        for target in tl.static_range(HC):
+            post = tl.where(streams == target, tl.load(post_ptr + token * HC + target), post)
+        comb = ()
+        pre = ()
+        for source in tl.static_range(HC):
+            column = tl.zeros(streams.shape, tl.float32)
+            for target in tl.static_range(HC):
+                column = tl.where(streams == target, tl.load(comb_ptr + (token * HC + source) * HC + target), column)
+            comb = comb + (column,)
+            pre = pre + (tl.load(pre_ptr + token * HC + source) if NORM else 0.0,)
+    else:
+        post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
+        comb = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
+                       mask=in_streams[:, None] & in_streams[None, :], other=0.0).to(tl.int32, bitcast=True)
+        pre = tl.zeros(streams.shape, tl.int32)
+        if NORM:
+            pre = tl.load(pre_ptr + token * HC + streams, mask=in_streams, other=0.0).to(tl.int32, bitcast=True)
+    return post, comb, pre
+
+
+@triton.jit
 def _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED: tl.constexpr):
     """The token's streams at columns ``h``: one [BLOCK_HC, CHUNK] tile."""
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
@@ -251,13 +339,13 @@ def _chunk_inputs(chunk, token, tile_rows, in_streams, residual_ptr, x_ptr, HIDD
 
 
 @triton.jit
-def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen, generation,
+def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb, pre, streams, gen, generation,
                 mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr,
                 indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN: tl.constexpr, HC: tl.constexpr,
                 TP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr,
                 REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr, LOCAL: tl.constexpr,
                 PARK: tl.constexpr, PARKED_BYTES: tl.constexpr, STREAMED: tl.constexpr, ON_GPU: tl.constexpr,
-                x=None):
+                PER_THREAD_WEIGHTS: tl.constexpr, x=None, STORE_STREAMS: tl.constexpr = True):
     """The first pass over chunk ``chunk`` of the token: its reduced row (the contribution itself, or
     the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``;
     ``x``: the contribution's bits, where loaded already (``_chunk_inputs``)."""
@@ -273,8 +361,9 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb_bits, 
     else:
         reduced = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity,
                                  TP, HIDDEN, REDUCED, ON_GPU)
-    return _mix_chunk(reduced, residual, post, comb_bits, pre_bits, streams, token, h, in_row, residual_out_ptr,
-                      layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, PARKED_BYTES, STREAMED, ON_GPU)
+    return _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, residual_out_ptr,
+                      layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, PARKED_BYTES, STREAMED, ON_GPU,
+                      PER_THREAD_WEIGHTS, STORE_STREAMS)
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
@@ -308,7 +397,7 @@ def consumer_kernel(
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     STREAMED: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, PER_THREAD_WEIGHTS: tl.constexpr,
 ):
     tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
     tl.static_assert(SPLIT <= ptx.MAX_CLUSTER, "a token's programs are one cluster")
@@ -318,6 +407,12 @@ def consumer_kernel(
     MIX: tl.constexpr = (MIX_PHASE & PHASES) != 0
     NORMALIZE: tl.constexpr = ((NORMALIZE_PHASE & PHASES) != 0) & (VARIANT != RESIDUAL_ONLY)
     EXCHANGE: tl.constexpr = NORMALIZE & COOPERATIVE & ON_GPU  # the chunk roots, through the cluster
+    # The latency form stores the mixed streams after the exchange in calls of few rows: the
+    # exchange's release (a MEMBAR.GPU) waits for every store issued before it to complete, a round
+    # trip on the way to the norm. In calls of more rows the stores would then end the kernel instead
+    # of draining during the exchange (H = 7168, stored late at every M: plain M = 64 / 100 4.7 / 6.1
+    # us against 4.2 / 5.0 stored early).
+    LATE_STORES: tl.constexpr = EXCHANGE & PER_THREAD_WEIGHTS
     ONE_KERNEL: tl.constexpr = (PUBLISH != NO_PUBLISH) & (not LOCAL)
     program = tl.program_id(0)
     token = (program // SPLIT).to(tl.int64)
@@ -348,12 +443,8 @@ def consumer_kernel(
             # kernel may launch now, its CTAs taking the SMs this grid's last wave leaves free (it
             # still waits for this kernel's completion before it reads anything).
             ptx.launch_dependents(USE_PDL, ON_GPU)
-        post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
-        comb_bits = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
-                            mask=in_streams[:, None] & in_streams[None, :], other=0.0).to(tl.int32, bitcast=True)
-        pre_bits = tl.zeros([BLOCK_HC], tl.int32)
-        if VARIANT != RESIDUAL_ONLY:
-            pre_bits = tl.load(pre_ptr + token * HC + streams, mask=in_streams, other=0.0).to(tl.int32, bitcast=True)
+        post, comb, pre = _mix_weights(post_ptr, comb_ptr, pre_ptr, token, streams, in_streams, HC,
+                                       VARIANT != RESIDUAL_ONLY, PER_THREAD_WEIGHTS)
         if LOCAL:
             generation = tl.zeros([], tl.int32)  # no mailbox, no generation
         elif PUBLISH != NO_PUBLISH:
@@ -385,23 +476,27 @@ def consumer_kernel(
         if COOPERATIVE:
             # Its one chunk, kept in registers, except when the simulated group runs the normalize
             # as a second launch.
-            parts, prenorm = _take_chunk(
-                residual0, part, token, tile_rows, in_streams, post, comb_bits,
-                pre_bits, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
+            parts, prenorm, mixed_streams = _take_chunk(
+                residual0, part, token, tile_rows, in_streams, post, comb,
+                pre, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
                 x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
                 TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0,
-                PARKED_BYTES, STREAMED, ON_GPU)
-            root = pairwise_sum(parts, PARTS)
+                PARKED_BYTES, STREAMED, ON_GPU, PER_THREAD_WEIGHTS, None, not LATE_STORES)
+            if LATE_STORES:
+                if num_tokens > LATE_STORE_MAX_ROWS:
+                    _store_streams(mixed_streams, token, part * CHUNK + c, part * CHUNK + c < HIDDEN, streams,
+                                   residual_out_ptr, HIDDEN, HC, STREAMED)
         else:
             roots = tl.zeros([ROOTS], tl.float32)
             if HOLD:
                 held = ()
                 for chunk in tl.static_range(CHUNKS):  # the prenormalized row stays in registers
-                    parts, prenorm = _take_chunk(
-                        None, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
+                    parts, prenorm, _ = _take_chunk(
+                        None, chunk, token, tile_rows, in_streams, post, comb, pre, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, PARKED_BYTES, STREAMED, ON_GPU)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, PARKED_BYTES, STREAMED, ON_GPU,
+                        PER_THREAD_WEIGHTS)
                     held = held + (prenorm,)
                     # (Joined across warps now: deferred, ptxas hoists the next chunk's loads and
                     # the held row spills.)
@@ -419,18 +514,19 @@ def consumer_kernel(
                         residual, x = next_residual, next_x
                         next_residual, next_x = _chunk_inputs(chunk + 1, token, tile_rows, in_streams, residual_ptr,
                                                               x_ptr, HIDDEN, CHUNK, STREAMED)
-                    parts, _ = _take_chunk(
-                        residual, chunk, token, tile_rows, in_streams, post, comb_bits, pre_bits, streams, gen,
+                    parts, _, _ = _take_chunk(
+                        residual, chunk, token, tile_rows, in_streams, post, comb, pre, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
-                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU, x)
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU,
+                        PER_THREAD_WEIGHTS, x)
                     part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
                 roots = pairwise_columns(part_roots, PARTS, ROOTS)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
             if program == 0:
                 lamport.advance_generation(state_ptr, generation)
         if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE & (not ON_GPU):
-            tl.store(token_roots + part, root)
+            tl.store(token_roots + part, pairwise_sum(parts, PARTS))
         if NORMALIZE & (not COOPERATIVE):
             if HOLD:
                 inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
@@ -448,14 +544,16 @@ def consumer_kernel(
         h = part * CHUNK + c
         gamma = tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0)  # in flight during the exchange
         if ON_GPU:
-            exchanged = ptx.exchange_in_cluster(root, part, CHUNKS)
-            roots = tl.zeros([ROOTS], tl.float32)
-            for chunk in tl.static_range(CHUNKS):
-                roots = tl.where(root_index == chunk, exchanged[chunk], roots)
+            inv_rms = _exchanged_inverse_rms(parts, part, eps, HIDDEN, CHUNKS, ROOTS, PARTS)
+            if LATE_STORES:
+                if num_tokens <= LATE_STORE_MAX_ROWS:
+                    _store_streams(mixed_streams, token, h, h < HIDDEN, streams, residual_out_ptr, HIDDEN, HC,
+                                   STREAMED)
         else:
-            roots = tl.load(token_roots + root_index, mask=root_index < CHUNKS, other=0.0)
-        _normalize_chunk(prenorm, gamma, _inverse_rms(roots, eps, HIDDEN, ROOTS), token, num_tokens, part, h,
-                         h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU)
+            inv_rms = _inverse_rms(tl.load(token_roots + root_index, mask=root_index < CHUNKS, other=0.0), eps,
+                                   HIDDEN, ROOTS)
+        _normalize_chunk(prenorm, gamma, inv_rms, token, num_tokens, part, h, h < HIDDEN, layer_out_ptr, values_ptr,
+                         scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, ON_GPU)
     if ONE_KERNEL & MIX:
         if arrived == tl.num_programs(0) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)

@@ -68,6 +68,23 @@ def subtree_roots(x, N: tl.constexpr, PARTS: tl.constexpr):
 
 
 @triton.jit
+def pairwise_of(values, first: tl.constexpr, N: tl.constexpr):
+    """``pairwise_sum``'s tree over the N (a power of two, at most 8) values ``values[first:first + N]``
+    of a tuple."""
+    tl.static_assert((N == 1) | (N == 2) | (N == 4) | (N == 8), "a tree of 1, 2, 4 or 8 values")
+    if N == 1:
+        total = values[first]
+    elif N == 2:
+        total = values[first] + values[first + 1]
+    elif N == 4:
+        total = (values[first] + values[first + 1]) + (values[first + 2] + values[first + 3])
+    else:
+        total = (((values[first] + values[first + 1]) + (values[first + 2] + values[first + 3]))
+                 + ((values[first + 4] + values[first + 5]) + (values[first + 6] + values[first + 7])))
+    return total
+
+
+@triton.jit
 def pairwise_columns(x, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
     """``pairwise_sum`` down each column of the [ROWS, COLUMNS] block ``x`` (ROWS a power of two)."""
     for level in tl.static_range(ROWS.bit_length() - 1):

@@ -64,6 +64,15 @@ def cooperative_split(chunks: int) -> int | None:
 # (but the local cooperative forms' ``_capped`` twins, for calls past the wave the uncapped one holds).
 LOCAL_STREAMING_MAX_REGISTERS = 64
 
+# The latency form, the local cooperative consumers of x (not their ``_capped`` twins), holds every
+# mix weight in every thread (``consumer._mix_weights``: no CTA barrier before the cluster exchange)
+# and is capped at this many registers: 80 x 128 threads leave 6 programs per SM, and ptxas still
+# issues every load of the chunk (x, the streams) before the mix; at 72 it issued some of the
+# streams' only when the mix reached them (sm_90a SASS). One H200, tp = 1, H = 7168, us at 80 / at
+# ptxas's own 91 (5 programs per SM): plain M = 1 / 64 / 100 2.16 / 2.26, 3.63 / 3.71, 4.48 / 4.77;
+# quant M = 100 5.45 / 5.87.
+LOCAL_COOPERATIVE_MAX_REGISTERS = 80
+
 
 # The local streaming consumers of x (not the finalize, whose gather bounds it) have a twin that
 # holds the prenormalized row in registers instead of parking it: rows of up to HELD_MAX_CHUNKS
@@ -97,6 +106,14 @@ HELD_MIN_ROWS = 5120
 # 20.5 / 41.9 / 80.4 / 156.3 against 19.2 / 40.4 / 76.6 / 148.8); at 72 or 80 registers (7 or 6
 # programs per SM) both variants lost at M = 512-1024 (quant 5120 M = 1024: 34.9 / 35.0).
 PARKED_PREFETCH_VARIANTS = ("quant",)
+
+# The variants whose parked streaming consumers of x (and their wide twins) hold every mix weight in
+# every thread, as the latency form does (``LOCAL_COOPERATIVE_MAX_REGISTERS``): a token's prologue
+# then gathers no weights across warps (8 CTA barriers fewer at 64 registers; no spill at H = 4096
+# and 5120, 4 bytes a chunk at 7168). One H200, tp = 1, quant, us with / without: M = 1024 H = 5120
+# / 7168 31.24 / 31.46, 43.14 / 43.69; M = 512 15.49 / 16.10, 22.11 / 22.05; but H = 7168 M = 256
+# (the parked form that spills) 10.81 / 10.55.
+PER_THREAD_WEIGHTS_VARIANTS = ("quant",)
 
 
 # The streaming consumers that do not hold their row park it between the two passes in the CTA's
@@ -230,20 +247,22 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                 for split in sorted({1, cooperative_split(chunks) or 1}):
                     local_streaming = split == 1 and protocol == LOCAL
                     normalizes = variant != "residual"
+                    of_x = publish.value == PUBLISH_X.value
                     if split > 1:  # the cooperative form; a local one that normalizes has a capped twin
                         forms = ((False, chunk, chunks, ""),) + (
                             ((False, chunk, chunks, "_capped"),) if protocol == LOCAL and normalizes else ())
                     else:
-                        of_x = publish.value == PUBLISH_X.value
                         wide = wide_chunk(spec.hidden, variant, of_x) if local_streaming and normalizes else None
                         forms = _row_forms(local_streaming and of_x and normalizes, wide,
                                            wide is not None and wide_takes_many_rows(spec.hidden, variant, of_x),
                                            chunk, chunks, spec.hidden)
                     for hold, form_chunk, form_chunks, twin in forms:
+                        latency_form = split > 1 and protocol == LOCAL and twin == "" and normalizes and of_x
                         parks = split == 1 and not hold and normalizes
                         parked_bytes = parked_row_bytes(form_chunk, form_chunks, on_gpu) if parks else 0
-                        prefetch = (parks and local_streaming and publish.value == PUBLISH_X.value
-                                    and variant in PARKED_PREFETCH_VARIANTS)
+                        prefetch = parks and local_streaming and of_x and variant in PARKED_PREFETCH_VARIANTS
+                        per_thread_weights = latency_form or (
+                            parks and local_streaming and of_x and variant in PER_THREAD_WEIGHTS_VARIANTS)
                         # The held twin runs from HELD_MIN_ROWS rows, past the hinted window.
                         for streamed in (False, True) if local_streaming and twin != "_held" else (False,):
                             name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "") + twin
@@ -254,10 +273,11 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 ROOTS=_pow2_at_least(form_chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                                 VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                                 PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
-                                PARKED_BYTES=parked_bytes, PREFETCH=prefetch),
+                                PARKED_BYTES=parked_bytes, PREFETCH=prefetch, PER_THREAD_WEIGHTS=per_thread_weights),
                                 CONSUMER_SIGNATURE, row_warps(form_chunk),
                                 held_registers(chunks) if hold else
-                                LOCAL_STREAMING_MAX_REGISTERS if local_streaming or twin == "_capped" else None,
+                                LOCAL_STREAMING_MAX_REGISTERS if local_streaming or twin == "_capped" else
+                                LOCAL_COOPERATIVE_MAX_REGISTERS if latency_form else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.
                                 split if split > 1 and normalizes else 1, parked_bytes)
     return plan

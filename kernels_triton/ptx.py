@@ -135,41 +135,54 @@ MAX_CLUSTER = tl.constexpr(8)
 @triton.jit
 def cluster_arrive(ON_GPU: tl.constexpr):
     """Every thread: ``barrier.cluster.arrive.relaxed``, this CTA has started. A CTA may store into
-    another's shared memory only once that one has started: ``exchange_in_cluster`` first waits
+    another's shared memory only once that one has started: ``exchange_parts_in_cluster`` first waits
     for this arrival of the whole cluster (by then long past)."""
     if ON_GPU:
         tl.inline_asm_elementwise("barrier.cluster.arrive.relaxed; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
                                   is_pure=False, pack=1)
 
 
-def _exchange_asm(slots: int) -> str:
-    """``exchange_in_cluster``'s PTX: outputs $0..$7 (the slots, read as two 16-byte words), inputs
-    $8 value, $9 rank, $10 size."""
-    assert slots == 8, "the slots are read back as two ld.shared.v4"
-    pushes = "".join(f"setp.gt.and.u32 q, $10, {target}, leader; @q mapa.shared::cluster.u32 remote, own, {target}; "
-                     f"@q st.shared::cluster.b32 [remote], $8; " for target in range(slots))
-    return (f"{{ .shared .align 16 .b32 cluster_values[{slots}]; .reg .pred leader, q; .reg .b32 own, remote, tid; "
-            "mov.u32 tid, %tid.x; setp.eq.u32 leader, tid, 0; mov.u32 own, cluster_values; mad.lo.u32 own, $9, 4, own; "
+# A chunk's sum of squares comes in a part per warp (``numerics.subtree_roots``): at most this many.
+MAX_PARTS = tl.constexpr(4)
+
+
+def _exchange_parts_asm(ranks: int, parts: int) -> str:
+    """``exchange_parts_in_cluster``'s PTX: outputs $0..$(ranks * parts - 1) (the slots, read as
+    16-byte words), inputs value, part, rank, size after them."""
+    slots = ranks * parts
+    assert slots % 4 == 0, "the slots are read back as ld.shared.v4"
+    value, part, rank, size = (f"${slots + i}" for i in range(4))
+    # One lane per warp and part pushes it (the lowest of the lanes that hold that part).
+    pushes = "".join(f"setp.gt.and.u32 q, {size}, {target}, leader; @q mapa.shared::cluster.u32 remote, own, {target}; "
+                     f"@q st.shared::cluster.b32 [remote], {value}; " for target in range(ranks))
+    reads = "".join(f"ld.shared.v4.b32 {{${i}, ${i + 1}, ${i + 2}, ${i + 3}}}, [cluster_parts+{4 * i}]; "
+                    for i in range(0, slots, 4))
+    return (f"{{ .shared .align 16 .b32 cluster_parts[{slots}]; .reg .pred leader, q; "
+            ".reg .b32 own, remote, lane, holders, lowest; "
+            f"mov.u32 lane, %laneid; match.any.sync.b32 holders, {part}, 0xffffffff; brev.b32 holders, holders; "
+            "bfind.shiftamt.u32 lowest, holders; setp.eq.u32 leader, lane, lowest; "
+            f"mad.lo.u32 own, {rank}, {parts}, {part}; shl.b32 own, own, 2; mov.u32 remote, cluster_parts; "
+            "add.u32 own, own, remote; "
             "barrier.cluster.wait; " + pushes + "barrier.cluster.arrive.release; barrier.cluster.wait.acquire; "
-            "ld.shared.v4.b32 {$0, $1, $2, $3}, [cluster_values]; "
-            "ld.shared.v4.b32 {$4, $5, $6, $7}, [cluster_values+16]; }")
+            + reads + "}")
 
 
-EXCHANGE_ASM = tl.constexpr(_exchange_asm(MAX_CLUSTER.value))
+EXCHANGE_PARTS_ASM = tl.constexpr(_exchange_parts_asm(MAX_CLUSTER.value, MAX_PARTS.value))
+EXCHANGE_PARTS_CONSTRAINTS = tl.constexpr(",".join(["=r"] * (MAX_CLUSTER.value * MAX_PARTS.value) + ["r"] * 4))
 
 
 @triton.jit
-def exchange_in_cluster(value, rank, size):
+def exchange_parts_in_cluster(value, part, rank, size):
     """Every thread of every CTA of a cluster of ``size`` (<= MAX_CLUSTER, after ``cluster_arrive``):
-    the fp32 ``value`` of each CTA, by cluster rank, as a tuple of MAX_CLUSTER. Thread 0 of CTA
-    ``rank`` stores its value into slot ``rank`` of every CTA's shared array (distributed shared
-    memory), then the cluster barrier (release / acquire) makes every slot visible and each thread
-    reads its own CTA's array. Slots from ``size`` on are undefined. GPU only: the simulated group
-    parks the values in a buffer instead."""
+    the fp32 parts ``value`` (one per ``part`` < MAX_PARTS, a part per warp) of each CTA, as a tuple
+    of MAX_CLUSTER * MAX_PARTS by (cluster rank, part). One lane of the warps that hold a part stores
+    it into its slot of every CTA's shared array (distributed shared memory), then the cluster barrier
+    (release / acquire) makes every slot visible and each thread reads its own CTA's array: no CTA
+    barrier joins the warps' parts first. Slots of ranks from ``size`` on, or of parts a CTA does
+    not have, are undefined. GPU only: the simulated group parks the chunk roots in a buffer instead."""
     return tl.inline_asm_elementwise(
-        EXCHANGE_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [value, rank, size],
-        dtype=(tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32),
-        is_pure=False, pack=1)
+        EXCHANGE_PARTS_ASM, EXCHANGE_PARTS_CONSTRAINTS, [value, part, rank, size],
+        dtype=[tl.float32] * (MAX_CLUSTER * MAX_PARTS), is_pure=False, pack=1)
 
 
 @triton.jit
