@@ -65,18 +65,18 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
     ("hopper", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
         routes={"plain": ((8192, "triton"),),
-                "finalize": ((32, "triton"), (100, "cute"), (8192, "triton"),),
-                "quant": ((64, "triton"), (100, "cute"), (8192, "triton"),)}),
+                "finalize": ((8192, "triton"),),
+                "quant": ((8192, "triton"),)}),
     ("hopper", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((64, "cute"), (8192, "triton"),),
+        routes={"plain": ((8192, "triton"),),
                 "finalize": ((8192, "triton"),),
-                "quant": ((100, "triton"), (128, "cute"), (8192, "triton"),)}),
+                "quant": ((8192, "triton"),)}),
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((8, "cute"), (16, "triton"), (32, "cute"), (1024, "triton"), (8192, "cute"),),
-                "finalize": ((16, "triton"), (64, "cute"), (1024, "triton"), (8192, "cute"),),
-                "quant": ((64, "triton"), (100, "cute"), (8192, "triton"),)}),
+        routes={"plain": ((8192, "triton"),),
+                "finalize": ((8192, "triton"),),
+                "quant": ((8192, "triton"),)}),
     ("hopper", 2, 4096): Preset(
         bt_min_rows=4, bt_min_finalize_rows=32, backends=("cute", "triton"), source=H200_TP2,
         routes={"plain": ((128, "cute"), (256, "triton"), (8192, "cute"),),
