@@ -289,7 +289,7 @@ def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, valu
 @triton.jit
 def _mix_weights(post_ptr, comb_ptr, pre_ptr, token, streams, in_streams, HC: tl.constexpr, NORM: tl.constexpr,
                  PER_THREAD_WEIGHTS: tl.constexpr):
-    """The token's mix weights (post, comb, pre), as ``_comb_column`` and ``_pre_weight`` take them.
+    """The token's mix weights (post, comb, pre), as ``_mix_chunk`` takes them.
     With ``PER_THREAD_WEIGHTS`` every thread holds all of them: post as a column of the streams'
     tile, comb as one column per source (its weights by target), pre as a scalar per target.
     Otherwise they are tiles spread over the program's threads (comb [source, target]), fewer
