@@ -553,7 +553,7 @@ def consumer_kernel(
             inv_rms = _inverse_rms(tl.load(token_roots + root_index, mask=root_index < CHUNKS, other=0.0), eps,
                                    HIDDEN, ROOTS)
         _normalize_chunk(prenorm, gamma, inv_rms, token, num_tokens, part, h, h < HIDDEN, layer_out_ptr, values_ptr,
-                         scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, ON_GPU)
+                         scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, PER_WARP=ON_GPU)
     if ONE_KERNEL & MIX:
         if arrived == tl.num_programs(0) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)

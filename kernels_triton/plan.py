@@ -260,9 +260,9 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                         latency_form = split > 1 and protocol == LOCAL and twin == "" and normalizes and of_x
                         parks = split == 1 and not hold and normalizes
                         parked_bytes = parked_row_bytes(form_chunk, form_chunks, on_gpu) if parks else 0
-                        prefetch = parks and local_streaming and of_x and variant in PARKED_PREFETCH_VARIANTS
-                        per_thread_weights = latency_form or (
-                            parks and local_streaming and of_x and variant in PER_THREAD_WEIGHTS_VARIANTS)
+                        parks_x = parks and local_streaming and of_x  # the parked streaming consumer of x
+                        prefetch = parks_x and variant in PARKED_PREFETCH_VARIANTS
+                        per_thread_weights = latency_form or (parks_x and variant in PER_THREAD_WEIGHTS_VARIANTS)
                         # The held twin runs from HELD_MIN_ROWS rows, past the hinted window.
                         for streamed in (False, True) if local_streaming and twin != "_held" else (False,):
                             name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "") + twin
