@@ -354,7 +354,10 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb, pre, 
     if residual is None:
         residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
     if x is not None:
-        reduced = canonical_zero(x)
+        # The parked streaming form's x in pairs: one H200, tp = 1, quant, us in pairs / one a value:
+        # M = 256 H 4096 / 5120 5.86 / 6.13, 6.74 / 7.24; M = 1024 H 7168 42.92 / 43.40. (Every
+        # canonicalization in pairs, the latency forms' too, lost at M = 8: H 5120 plain 2.37 / 2.22.)
+        reduced = canonical_zero(x, ON_GPU)
     elif LOCAL:
         reduced = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
                                      PUBLISH == PUBLISH_FINALIZE, ON_GPU, STREAMED)

@@ -41,8 +41,11 @@ def f32_to_bf16(x, ON_GPU: tl.constexpr):
 
 
 @triton.jit
-def canonical_zero(bits):
-    """-0.0 -> +0.0 on bf16 bits, so a published value never equals the sentinel."""
+def canonical_zero(bits, IN_PAIRS: tl.constexpr = False):
+    """-0.0 -> +0.0 on bf16 bits, so a published value never equals the sentinel. ``IN_PAIRS`` (GPU
+    only): two values a register in three integer instructions (``ptx.canonical_zero_x2``)."""
+    if IN_PAIRS:
+        return ptx.canonical_zero_x2(bits)
     return tl.where(bits == SENTINEL, 0, bits).to(tl.int16)
 
 
