@@ -66,9 +66,6 @@ NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.c
 # PHASES bits.
 PUBLISH_PHASE, MIX_PHASE, NORMALIZE_PHASE = tl.constexpr(1), tl.constexpr(2), tl.constexpr(4)
 ALL_PHASES = tl.constexpr(7)
-# A warp's columns of a chunk, 32 lanes of 8 bf16 (16 bytes an access): a chunk takes CHUNK //
-# WARP_COLUMNS warps (``plan.row_warps``) and its sum of squares comes in a part per warp.
-WARP_COLUMNS = tl.constexpr(256)
 # Calls of at most this many rows store the latency form's mixed streams after the cluster exchange
 # (``LATE_STORES``). One H200, tp = 1, H = 7168, us late / early: plain M = 1 / 4 / 8 / 16 2.16 /
 # 2.27, 2.17 / 2.26, 2.28 / 2.25, 2.51 / 2.53; quant M = 16 2.86 / 2.78.
@@ -124,7 +121,7 @@ def _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, re
     residual_out = f32_to_bf16(mixed, ON_GPU)
     if STORE_STREAMS:
         _store_streams(residual_out, token, h, in_row, streams, residual_out_ptr, HIDDEN, HC, STREAMED)
-    PARTS: tl.constexpr = CHUNK // WARP_COLUMNS  # a part per warp
+    PARTS: tl.constexpr = CHUNK // 256  # a part per warp (plan.row_warps)
     roots = tl.zeros([PARTS], tl.float32)
     prenorm_bits = tl.zeros([CHUNK], tl.int16)
     if VARIANT != RESIDUAL_ONLY:
@@ -224,7 +221,7 @@ def _normalize_chunk(prenorm_bits, gamma_bits, inv_rms, token, num_tokens, chunk
     ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each scaling the warp's columns."""
     prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
     if PER_WARP:
-        PARTS: tl.constexpr = CHUNK // WARP_COLUMNS
+        PARTS: tl.constexpr = CHUNK // 256
         scaled = tl.reshape(tl.reshape(prenorm, (PARTS, CHUNK // PARTS)) * inv_rms[:, None], (CHUNK,))
     else:
         scaled = prenorm * inv_rms
@@ -428,7 +425,7 @@ def consumer_kernel(
     in_streams = streams < HC
     tile_rows = (token * HC + streams[:, None]) * HIDDEN
     root_index = tl.arange(0, ROOTS)
-    PARTS: tl.constexpr = CHUNK // WARP_COLUMNS  # a chunk's squares are summed in a part per warp
+    PARTS: tl.constexpr = CHUNK // 256  # a chunk's squares are summed in a part per warp (plan.row_warps)
     token_roots = parked_roots_ptr + token * CHUNKS
     if EXCHANGE:
         ptx.cluster_arrive(ON_GPU)

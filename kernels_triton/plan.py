@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from lamport_mhc.backend import LOCAL, BuildSpec
 
 from . import ptx
-from .consumer import (ALL_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY, WARP_COLUMNS,
+from .consumer import (ALL_PHASES, NO_PUBLISH, PLAIN, PUBLISH_FINALIZE, PUBLISH_X, QUANT, RESIDUAL_ONLY,
                        consumer_kernel)
 from .owner_reduce import owner_reduce_kernel
 from .publish import publish_kernel
@@ -34,9 +34,8 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-# Chunk widths a row is walked in: with CHUNK // WARP_COLUMNS warps every thread moves 8 bf16 (16
-# bytes) per access; wider chunks would only add warps, narrower ones could not give each thread 16
-# bytes.
+# Chunk widths a row is walked in: with CHUNK // 256 warps every thread moves 8 bf16 (16 bytes) per
+# access; wider chunks would only add warps, narrower ones could not give each thread 16 bytes.
 CHUNK_WIDTHS = (1024, 512, 256)
 
 
@@ -49,7 +48,7 @@ def row_chunks(hidden: int) -> tuple[int, int]:
 
 
 def row_warps(chunk: int) -> int:
-    return chunk // WARP_COLUMNS.value
+    return chunk // 256
 
 
 def cooperative_split(chunks: int) -> int | None:
