@@ -50,6 +50,21 @@ def one_kernel_rows(spec: BuildSpec, device: torch.device) -> int:
     return min(spec.ll_one_kernel_rows, sms * CTAS_PER_SM_BOUND // ctas_per_token)
 
 
+# Compiled kernels by what fixes their code: ranks of one process (the concurrent one-GPU group)
+# share every kernel but their publishes.
+_COMPILED: dict[tuple, object] = {}
+
+
+def compile_once(instance, spec: BuildSpec, options: str):
+    """``cute.compile`` of a plan's kernel, once per process for kernels that compile alike."""
+    kernel = instance.kernel
+    key = (type(kernel).__name__, repr(sorted(vars(kernel).items())), instance.signature, spec.tp, options)
+    if key not in _COMPILED:
+        _COMPILED[key] = cute.compile(kernel, *[fake_argument(kind, spec)
+                                      for _, kind in instance.signature], options=options)
+    return _COMPILED[key]
+
+
 def current_stream() -> cuda.CUstream:
     """The current torch stream, which the kernels launch on (the captured one inside a CUDA graph)."""
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -96,9 +111,9 @@ class CuteKernels:
             major, minor = torch.cuda.get_device_capability(device)
             arch = f"sm_{major}{minor}"
         options = f"--gpu-arch {parse_arch(arch)}"
-        self.compiled = {name: cute.compile(instance.kernel, *[fake_argument(kind, self.spec)
-                                                               for _, kind in instance.signature], options=options)
-                         for name, instance in self.plan.items()}
+        self.compiled = {name: compile_once(instance, self.spec, options) for name, instance in self.plan.items()}
+        # Called with (kernel name, CTAs) at every launch (the concurrent one-GPU group's residency check).
+        self.on_launch = None
 
     # -- launching -------------------------------------------------------------------------------
     @staticmethod
@@ -122,7 +137,29 @@ class CuteKernels:
         unknown = set(values) - {argument for argument, _ in signature}
         if unknown:
             raise TypeError(f"{name} has no argument(s) {sorted(unknown)}")
+        if self.on_launch is not None:
+            self.on_launch(name, self._ctas(name, values.get("num_tokens", 1)))
         self.compiled[name](*[self._argument(kind, values.get(argument)) for argument, kind in signature])
+
+    def _ctas(self, name: str, num_tokens: int) -> int:
+        kernel = self.plan[name].kernel
+        tokens = max(1, -(-num_tokens // self.spec.tp)) if name.startswith("owner_reduce") else num_tokens
+        return tokens * (getattr(kernel, "ctas", None) or getattr(kernel, "ctas_per_token", 1))
+
+    def load_modules(self) -> None:
+        """Load every compiled kernel into this device's context now (CuTe DSL loads a kernel's
+        library at its first launch otherwise)."""
+        device = self.workspace.error.device.index
+        self._executors = {name: compiled.to(device) for name, compiled in self.compiled.items()}
+
+    def footprint(self, name: str) -> tuple[object, int, int]:
+        """(CUfunction, threads per CTA, dynamic shared bytes) of a compiled kernel, for occupancy."""
+        if name not in getattr(self, "_executors", {}):
+            self.load_modules()
+        kernel = self.plan[name].kernel
+        slots = getattr(kernel, "smem_slots", None) or getattr(kernel, "slots", 0)
+        shared = 4 * slots if getattr(kernel, "norm", False) else 0
+        return self._executors[name].exec_context.kernel_functions[0], kernel.threads, shared
 
     # -- the Kernels interface ---------------------------------------------------------------------
     def publish(self, protocol: str, x: torch.Tensor) -> None:

@@ -85,9 +85,11 @@ def kernel_plan(spec: BuildSpec) -> dict[str, CuteKernelInstance]:
         for prefix, contribution in consumers.items():
             for variant in spec.variants:
                 name = f"{prefix}_{protocol}_{variant}"
+                # Only a one-kernel form publishes, so only it depends on the rank.
                 plan[name] = CuteKernelInstance(name, ConsumerKernel(
                     hidden=spec.hidden, hc=spec.hc, tp=spec.tp, variant=variant, protocol=protocol,
-                    use_pdl=spec.use_pdl, contribution=contribution, rank=spec.rank, top_k=spec.top_k,
+                    use_pdl=spec.use_pdl, contribution=contribution, rank=0 if contribution is None else spec.rank,
+                    top_k=spec.top_k,
                     multicast=multicast), CONSUMER_SIGNATURE)
         for variant in spec.variants:
             name = f"{STREAMING}consumer_{protocol}_{variant}"

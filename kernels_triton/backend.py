@@ -112,6 +112,9 @@ class TritonKernels:
         # choose from (``spread``). A compiled kernel is shared by every build with the same
         # constexprs, so each launch sets its own shared memory.
         self._spreads: dict[str, tuple[object, int, tuple[Spread, ...]]] = {}
+        self._compiled: dict[str, object] = {}
+        # Called with (kernel name, programs) at every launch (the concurrent one-GPU group's residency check).
+        self.on_launch = None
         if not interpret:
             self._compile_all()
 
@@ -152,6 +155,8 @@ class TritonKernels:
         """``grid`` counts programs; ``overrides`` replace constexprs, only the interpreter takes them
         (compiled kernels are fixed)."""
         instance = self.plan[name]
+        if self.on_launch is not None:
+            self.on_launch(name, math.prod(grid))
         if self.interpret:
             launch_interpreted(instance.fn, grid, *args, **{**instance.constexprs, **overrides})
         else:
@@ -197,6 +202,7 @@ class TritonKernels:
             args = [self._placeholder(arg, kind) for arg, kind in instance.signature.items()]
             compiled = instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
                                           launch_pdl=self.spec.use_pdl)
+            self._compiled[name] = compiled
             if instance.cluster > 1 or instance.parked_bytes:
                 set_launch_shape(compiled, instance.cluster, instance.parked_bytes)
             if instance.cluster > 1 and instance.constexprs["LOCAL"]:  # spread measured at tp = 1 only
@@ -205,6 +211,17 @@ class TritonKernels:
                 self._spreads[name] = compiled, own_shared, measure_spreads(
                     compiled.function, self.workspace.error.device.index, instance.cluster, 32 * instance.num_warps,
                     own_shared, SPREAD_MIN_CTAS_PER_SM)
+
+    def load_modules(self) -> None:
+        """Load every compiled kernel's module now (Triton loads it at the first launch otherwise)."""
+        for compiled in self._compiled.values():
+            compiled._init_handles()
+
+    def footprint(self, name: str) -> tuple[int, int, int]:
+        """(CUfunction, threads per CTA, dynamic shared bytes) of a compiled kernel, for occupancy."""
+        compiled = self._compiled[name]
+        compiled._init_handles()
+        return compiled.function, 32 * compiled.metadata.num_warps, compiled.packed_metadata[2]
 
     def _placeholder(self, arg: str, kind: str):
         """An argument of the kind a real launch passes (scalars typed as at run time)."""

@@ -1,6 +1,8 @@
 """Device-side pieces of the Lamport protocol shared by the Triton kernels: polling a mailbox slot
 until no lane holds the sentinel (with the optional spin bound), re-arming slots, generations."""
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -17,6 +19,11 @@ GENERATIONS = tl.constexpr(layout.GENERATIONS)
 # Under the interpreter every publish ran before any consumer, so a slot still empty after this
 # many polls is a protocol bug, reported like a GPU spin timeout instead of hanging the process.
 INTERPRETER_POLLS = tl.constexpr(2)
+# The negative control of the concurrent one-GPU group (never set in production): with
+# LAMPORT_MHC_DEBUG_NO_WAIT=1 when this module is imported, a poll reads its slot once and goes on
+# without waiting for it. Ranks launched in protocol order still pass (every slot is written before
+# it is polled); ranks that run at once must not.
+DEBUG_NO_WAIT = tl.constexpr(os.environ.get("LAMPORT_MHC_DEBUG_NO_WAIT") == "1")
 # The int64 address of the host mirror of the spin-timeout record, in the device error buffer.
 MIRROR_ADDRESS = tl.constexpr(layout.ERROR_MIRROR_ADDRESS)
 
@@ -53,6 +60,8 @@ def poll(ptrs, mask, timeout_ns, error_ptr, source, generation, token, ON_GPU: t
     pending = tl.max((values == SENTINEL).to(tl.int32), axis=0)
     start = ptx.global_timer_ns(ON_GPU)
     polls = 0
+    if DEBUG_NO_WAIT:
+        pending = 0
     while pending != 0:
         values = ptx.load_volatile(ptrs, mask, ON_GPU)
         pending = tl.max((values == SENTINEL).to(tl.int32), axis=0)

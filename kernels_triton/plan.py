@@ -267,8 +267,10 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                         for streamed in (False, True) if local_streaming and twin != "_held" else (False,):
                             name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "") + twin
                                     + ("_streamed" if streamed else ""))
+                            # Only a one-kernel form publishes, so only it depends on the rank.
                             plan[name] = KernelInstance(name, consumer_kernel, dict(
-                                common, HC=spec.hc, RANK=spec.rank, TOP_K=spec.top_k,
+                                common, HC=spec.hc, RANK=spec.rank if publish.value != NO_PUBLISH.value else 0,
+                                TOP_K=spec.top_k,
                                 BLOCK_HC=_pow2_at_least(spec.hc), CHUNK=form_chunk, CHUNKS=form_chunks,
                                 ROOTS=_pow2_at_least(form_chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                                 VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,

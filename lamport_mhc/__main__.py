@@ -1,4 +1,4 @@
-"""Command line: ``python -m lamport_mhc {info,demo,model-ab,bench,presets,ptx}``."""
+"""Command line: ``python -m lamport_mhc {info,demo,model-ab,bench,presets,ptx,soak}``."""
 
 from __future__ import annotations
 
@@ -138,6 +138,55 @@ def _model_ab(args) -> int:
     return 1 if result.differences else 0
 
 
+def _soak(args) -> int:
+    import os
+
+    # A first launch that loads its module lazily waits for the GPU to go idle, which it never does
+    # while an emulated rank spins: load every module when it is created (before CUDA starts).
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+    import torch
+
+    from . import soak
+
+    if "WORLD_SIZE" in os.environ:
+        if int(os.environ["WORLD_SIZE"]) != args.tp:
+            print(f"--tp {args.tp} but torchrun started {os.environ['WORLD_SIZE']} ranks", file=sys.stderr)
+            return 2
+        if args.backend == "mixed":
+            print("--backend mixed is for the one-GPU group (AllReduceMHC builds triton, cute or auto)",
+                  file=sys.stderr)
+            return 2
+        result = soak.soak_gpus(args.calls, args.backend, args.hidden or 5120, graphs=args.graphs, seed=args.seed,
+                                capacity=args.capacity or 1024, spin_timeout_ms=args.spin_timeout_ms)
+        import torch.distributed as dist
+        report = dist.get_rank() == 0
+    elif torch.cuda.is_available():
+        if args.tp < 2:
+            print("the one-GPU group emulates tp >= 2 ranks (a group of one has no mailbox to soak)", file=sys.stderr)
+            return 2
+        result = soak.soak_one_gpu(args.tp, args.calls, args.backend, args.hidden or 5120, graphs=args.graphs,
+                                   seed=args.seed, capacity=args.capacity, spin_timeout_ms=args.spin_timeout_ms)
+        report = True
+    else:
+        if args.backend not in ("triton", "auto"):
+            print(f"on a CPU the simulated group interprets the Triton kernels; --backend {args.backend} needs a GPU",
+                  file=sys.stderr)
+            return 2
+        if args.graphs:
+            print("--graphs needs a GPU (CUDA graphs)", file=sys.stderr)
+            return 2
+        result = soak.soak_simulated(args.tp, args.calls, args.hidden or 256, seed=args.seed,
+                                     capacity=args.capacity or 12)
+        report = True
+    if report:
+        for message in result.messages[:20]:
+            print(message)
+        print(result.summary())
+        if args.out:
+            soak.append_csv(args.out, result)
+    return 0 if result.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lamport_mhc", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -202,6 +251,24 @@ def main(argv: list[str] | None = None) -> int:
     ptx.add_argument("--no-pdl", action="store_true")
     ptx.add_argument("--out", required=True)
     ptx.set_defaults(run=_ptx)
+
+    soak = commands.add_parser("soak", help="many calls with skew between the ranks, every output compared bit for bit "
+                                            "(one GPU: ranks as streams; torchrun: the real group; CPU: the "
+                                            "simulated group in protocol order); exit 1 on any mismatch or timeout")
+    soak.add_argument("--tp", type=int, required=True)
+    soak.add_argument("--calls", type=int, required=True)
+    soak.add_argument("--graphs", action="store_true",
+                      help="most calls from CUDA graphs each rank captured (of 5 and of 6 calls), replayed with skew")
+    soak.add_argument("--backend", default="auto", choices=("auto", "triton", "cute", "mixed"),
+                      help="mixed (one GPU): every rank-call on a backend drawn at random")
+    soak.add_argument("--hidden", type=int, default=None, help="default: 5120 on GPUs, 256 simulated")
+    soak.add_argument("--capacity", type=int, default=None,
+                      help="max_num_tokens; calls draw M from 1 to it (default: what the emulated ranks keep resident)")
+    soak.add_argument("--seed", type=int, default=0)
+    soak.add_argument("--spin-timeout-ms", type=float, default=2000.0)
+    soak.add_argument("--out", default=None, help="append one CSV row (gpu, where, backend, tp, hidden, calls, "
+                                                  "graph_replays, mismatches, timeouts, seconds)")
+    soak.set_defaults(run=_soak)
 
     args, rest = parser.parse_known_args(argv)
     if args.command != "bench" and rest:

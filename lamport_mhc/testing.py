@@ -14,14 +14,16 @@ from .selector import first_difference
 
 
 def _bf16(shape, generator, scale=1.0, specials=True) -> torch.Tensor:
-    values = torch.randn(shape, generator=generator) * scale
+    device = generator.device
+    values = torch.randn(shape, generator=generator, device=device) * scale
     if specials and values.numel() >= 8:
         flat = values.view(-1)
         # Distinct positions: with repeated ones, which special value lands would depend on the
         # order of a (multi-threaded) scatter, and ranks rebuilding each other's inputs would disagree.
-        picks = torch.randint(0, flat.numel(), (max(4, flat.numel() // 64),), generator=generator).unique()
-        kinds = torch.randint(0, 4, picks.shape, generator=generator)
-        special = torch.tensor([-0.0, 3e-39, -2.5e38, -1e-40])  # -0, subnormal, huge, smallest subnormal
+        picks = torch.randint(0, flat.numel(), (max(4, flat.numel() // 64),), generator=generator,
+                              device=device).unique()
+        kinds = torch.randint(0, 4, picks.shape, generator=generator, device=device)
+        special = torch.tensor([-0.0, 3e-39, -2.5e38, -1e-40], device=device)  # -0, subnormal, huge, smallest subnormal
         flat[picks] = special[kinds]
     return values.to(torch.bfloat16)
 
@@ -40,33 +42,36 @@ def permuted_routes(m: int, top_k: int, generator: torch.Generator, device=None)
 
 
 def random_inputs(tp: int, m: int, hidden: int, hc: int, *, seed: int, top_k: int = 0, gemm2_rows: int = 0,
-                  permuted: bool = False, zero_row: bool = True, device="cpu") -> dict:
+                  permuted: bool = False, zero_row: bool = True, device="cpu", drawn_on_device: bool = False) -> dict:
     """Per-rank ``xs`` (and, with top_k, finalize inputs ``gemm2s, weights, idxs, shareds``) plus the
     shared consumer inputs of one call. Row 0 is all zero in every input when ``zero_row``. The
     finalize's routes pick GEMM2 rows at random (repeats included: a test of the gather), or with
-    ``permuted`` as an engine's permutation does (``permuted_routes``: what a benchmark should read)."""
+    ``permuted`` as an engine's permutation does (``permuted_routes``: what a benchmark should read).
+    ``drawn_on_device``: drawn by ``device``'s generator (fast for large pools; other values than
+    the CPU's for the same seed)."""
     if permuted and gemm2_rows:
         raise ValueError("gemm2_rows is for random routes; permuted routes have a row per held route")
-    g = torch.Generator().manual_seed(seed)
+    where = torch.device(device) if drawn_on_device else torch.device("cpu")
+    g = torch.Generator(device=where).manual_seed(seed)
     xs = [_bf16((m, hidden), g) for _ in range(tp)]
     residual = _bf16((m, hc, hidden), g)
-    post = torch.rand((m, hc), generator=g) * 2
-    comb = torch.rand((m, hc, hc), generator=g)
-    pre = torch.rand((m, hc), generator=g)
+    post = torch.rand((m, hc), generator=g, device=where) * 2
+    comb = torch.rand((m, hc, hc), generator=g, device=where)
+    pre = torch.rand((m, hc), generator=g, device=where)
     norm_weight = _bf16((hidden,), g, specials=False)
     inputs = dict(xs=xs, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
     if top_k and permuted:
-        idxs = [permuted_routes(m, top_k, g) for _ in range(tp)]
+        idxs = [permuted_routes(m, top_k, g, where) for _ in range(tp)]
         inputs["gemm2s"] = [_bf16((max(1, int((idx >= 0).sum())), hidden), g) for idx in idxs]
-        inputs["weights"] = [torch.rand((m, top_k), generator=g) for _ in range(tp)]
+        inputs["weights"] = [torch.rand((m, top_k), generator=g, device=where) for _ in range(tp)]
         inputs["idxs"] = idxs
     elif top_k:
         rows = gemm2_rows or max(1, m * top_k // 2)
         inputs["gemm2s"] = [_bf16((rows, hidden), g) for _ in range(tp)]
-        inputs["weights"] = [torch.rand((m, top_k), generator=g) for _ in range(tp)]
-        idxs = [torch.randint(0, rows, (m, top_k), generator=g, dtype=torch.int32) for _ in range(tp)]
+        inputs["weights"] = [torch.rand((m, top_k), generator=g, device=where) for _ in range(tp)]
+        idxs = [torch.randint(0, rows, (m, top_k), generator=g, dtype=torch.int32, device=where) for _ in range(tp)]
         for idx in idxs:  # the routes another EP rank holds
-            idx[torch.rand((m, top_k), generator=g) >= HELD_ROUTE_FRACTION] = -1
+            idx[torch.rand((m, top_k), generator=g, device=where) >= HELD_ROUTE_FRACTION] = -1
         inputs["idxs"] = idxs
     if top_k:
         inputs["shareds"] = [_bf16((m, hidden), g) for _ in range(tp)]

@@ -1,0 +1,269 @@
+"""Ranks that run at once: a TP group's ranks as CUDA streams of one process over one GPU's mailboxes.
+
+``SimulatedGroup(device="cuda")`` launches every rank's kernels in protocol order on one stream, so
+no consumer ever spins while a peer's data is in flight. Here each rank issues its own calls on its
+own stream, in whatever order and with whatever skew the caller chooses, so publishes, owner
+reduces and consumers of different ranks (and of different calls) overlap as on a real TP group.
+The mailboxes, tables and state words are the production ones (``workspace.allocate_host_group``:
+the same layouts, with every rank's buffers in this GPU's memory), and so are the kernels and the
+path that sequences them (``FusedPath``, with ``auto``'s routes where the backend is "auto").
+
+Sharing one GPU brings two artifacts no real TP group has, ruled out here by construction:
+- a kernel's first (lazy) module load waits for the GPU to go idle, which never happens while a
+  rank spins: ``load_modules`` loads every compiled kernel before any rank runs, and the caller
+  warms every form up in protocol order (``warm_up``) before the ranks run at once;
+- all ranks' waiting kernels share the SMs: ``Residency`` records what every call launches and
+  refuses, with the reason, a build whose waiting programs could not all be resident together
+  (a timeout would then say nothing about the protocol). The largest LL one-kernel call is chosen
+  so that its programs fit.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from . import layout, presets
+from .backend import BuildSpec, load_backend
+from .call import Call
+from .paths import FusedPath
+from .selector import Thresholds, pick_backends, support_table
+from .workspace import allocate_host_group
+
+# Backends a concurrent group runs: one of them, "auto" (the preset's routes, as AllReduceMHC
+# builds them), or "mixed": every rank-call on a backend drawn at random (both write the same
+# slots and state words, so the ranks of one call may differ).
+GROUP_BACKENDS = ("triton", "cute", "auto", "mixed")
+# Kernels whose programs wait for other ranks (by name); they must all be resident together.
+WAITING_KERNELS = ("consumer_ll", "consumer_bt", "owner_reduce", "one_kernel")
+# Of the SMs' capacity, what all ranks' waiting programs of one call may take together: the
+# driver's blocks per SM ignore where clusters may be placed, and a publish must still find room.
+RESIDENT_SHARE = 0.75
+# torch.cuda._sleep cycles per microsecond (H200 at its ~1.98 GHz boost clock).
+CYCLES_PER_US = 1980
+
+
+def blocks_per_sm(function, threads: int, shared_bytes: int) -> int:
+    """The driver's count of CTAs of ``function`` an SM holds at once."""
+    from cuda.bindings import driver
+
+    error, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, threads, shared_bytes)
+    if error != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: {error}")
+    return count
+
+
+class Residency:
+    """What each rank-call launched, and the largest share of the GPU one rank's waiting programs
+    took: the programs of every waiting kernel over what the SMs hold of it at once (the driver's
+    blocks per SM). A group is emulated faithfully only while ``tp`` such shares fit
+    ``RESIDENT_SHARE`` of the GPU."""
+
+    def __init__(self, sms: int, resident_ctas: Callable[[str, str], int]):
+        self.sms = sms
+        self.resident_ctas = resident_ctas  # (backend, kernel name) -> CTAs the SMs hold at once
+        self._resident: dict[tuple[str, str], int] = {}
+        self.worst = 0.0
+        self.worst_launches: list[str] = []
+
+    def settle(self, launches: list[tuple[str, str, int]]) -> None:
+        """Account one rank-call's launches: (backend, kernel name, programs)."""
+        parts = []
+        for backend, name, programs in launches:
+            if any(name.startswith(kind) for kind in WAITING_KERNELS):
+                key = (backend, name)
+                if key not in self._resident:
+                    self._resident[key] = self.resident_ctas(backend, name)
+                parts.append((programs / self._resident[key],
+                              f"{backend} {name}: {programs} programs, {self._resident[key]} resident at once"))
+        share = sum(s for s, _ in parts)
+        if share > self.worst:
+            self.worst, self.worst_launches = share, [text for _, text in parts]
+
+
+@dataclass
+class RankCall:
+    """One rank's call: what it runs and how long it waits first (device-side, in microseconds)."""
+
+    call: Call
+    delay_us: float = 0.0
+    backend: str | None = None  # "mixed" groups: the backend of this rank-call
+
+
+class ConcurrentGroup:
+    """``tp`` ranks as CUDA streams of one process, each with its own workspace and kernels over one
+    GPU's mailboxes. ``issue(rank, rank_call)`` enqueues a rank's call on its stream and returns at
+    once; nothing synchronizes the ranks but the protocol itself."""
+
+    def __init__(self, tp: int, *, hidden_size: int, max_num_tokens: int, hc_mult: int = 4, top_k: int = 6,
+                 backend: str = "triton", bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
+                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None,
+                 spin_timeout_ms: float = 2000.0, device=None):
+        if not torch.cuda.is_available():
+            raise RuntimeError("a concurrent group runs on a CUDA GPU (on a CPU, SimulatedGroup runs protocol order)")
+        if not isinstance(tp, int) or tp < 2:
+            raise ValueError(f"a concurrent group needs tp >= 2 ranks, got {tp!r}")
+        if backend not in GROUP_BACKENDS:
+            raise ValueError(f"backend must be one of {GROUP_BACKENDS}, got {backend!r}")
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else
+                                   torch.device(device).index or 0)
+        self.tp, self.hidden, self.capacity = tp, hidden_size, max_num_tokens
+        properties = torch.cuda.get_device_properties(self.device)
+        self.sms = properties.multi_processor_count
+        preset = presets.lookup(presets.gpu_family(torch.cuda.get_device_capability(self.device)), tp, hidden_size)
+        self.thresholds = Thresholds(bt_min_rows or preset.bt_min_rows, bt_min_finalize_rows or preset.bt_min_finalize_rows)
+        base = BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=0,
+                         quantize=hidden_size % layout.HIDDEN_MULTIPLE_MXFP8 == 0, residual_only=True,
+                         bt=self.thresholds.bt_reachable(max_num_tokens), spin_timeout_ns=int(spin_timeout_ms * 1e6),
+                         ll_one_kernel_rows=self.sms if ll_one_kernel_rows is None else ll_one_kernel_rows,
+                         split_rows=split_rows)
+        supported = {name for name, answer in support_table(base, self.device).items() if answer.ok}
+        if backend == "auto":
+            self.backends = pick_backends("auto", preset, supported)
+        else:
+            self.backends = ("triton", "cute") if backend == "mixed" else (backend,)
+        missing = [name for name in self.backends if name not in supported]
+        if missing or self.backends == ("torch",):
+            raise RuntimeError(f"backend {backend!r} cannot run here: {support_table(base, self.device)}")
+        self.backend = backend
+        self.specs = [BuildSpec(**{**base.__dict__, "rank": rank}) for rank in range(tp)]
+        self.workspaces = allocate_host_group(self.specs, self.device)
+        self.residency = Residency(self.sms, self._resident_ctas)
+        self._launches: list[list] = [[] for _ in range(tp)]
+        self._choice = ["" for _ in range(tp)]
+        self.paths = []
+        for spec, workspace in zip(self.specs, self.workspaces):
+            kernels = {name: load_backend(name).build(spec, workspace) for name in self.backends}
+            for name, built in kernels.items():
+                built.on_launch = self._recorder(spec.rank, name)
+            self.paths.append(FusedPath(f"concurrent {backend}", kernels, workspace, self.thresholds,
+                                        self._router(spec.rank, preset)))
+        # The one-kernel bound every backend holds (each may lower the build's).
+        self.ll_one_kernel_rows = min(k.spec.ll_one_kernel_rows for p in self.paths for k in p.kernels.values())
+        self.streams = [torch.cuda.Stream(self.device) for _ in range(tp)]
+        self.load_modules()
+
+    # -- construction ------------------------------------------------------------------------------
+    def _router(self, rank: int, preset):
+        if self.backend == "mixed":
+            return lambda call: self._choice[rank]
+        if len(self.backends) > 1:
+            return lambda call: preset.backend_for(call.variant, call.m) or self.backends[0]
+        return None
+
+    def _recorder(self, rank: int, backend: str):
+        def record(name: str, programs: int) -> None:
+            self._launches[rank].append((backend, name, programs))
+        return record
+
+    def _settle(self, ranks) -> None:
+        for rank in ranks:
+            self.residency.settle(self._launches[rank])
+            self._launches[rank] = []
+
+    def _resident_ctas(self, backend: str, name: str) -> int:
+        kernels = self.paths[0].kernels[backend]
+        function, threads, shared = kernels.footprint(name)
+        return max(1, blocks_per_sm(function, threads, shared)) * self.sms
+
+    def load_modules(self) -> None:
+        """Load every compiled kernel of every rank now: a first launch that loads its module would
+        wait for the GPU to go idle, which it never does while another rank spins."""
+        for path in self.paths:
+            for kernels in path.kernels.values():
+                kernels.load_modules()
+        torch.cuda.synchronize(self.device)
+
+    # -- calls -------------------------------------------------------------------------------------
+    def issue(self, rank: int, rank_call: RankCall) -> None:
+        """Enqueue one rank's call on its stream (its delay first); returns without waiting."""
+        with torch.cuda.stream(self.streams[rank]):
+            if rank_call.delay_us > 0:
+                torch.cuda._sleep(int(rank_call.delay_us * CYCLES_PER_US))
+            self._choice[rank] = rank_call.backend or self.backends[0]
+            self.paths[rank].run(rank_call.call)
+        self._settle((rank,))
+
+    def run_in_protocol_order(self, calls: Sequence[Call], backend: str | None = None) -> None:
+        """One call of every rank in protocol order (every publish, owner reduce, then consumer) on
+        the current stream, then a synchronize: nothing waits for a launch still to come. An LL
+        call that takes the one-kernel form (whose programs wait for their twins) is issued on the
+        ranks' streams at once instead, which is safe once every module is loaded. ``backend``: a
+        "mixed" group's backend for every rank (default: its first)."""
+        self._choice = [backend or self.backends[0]] * self.tp
+        paths = self.paths
+        protocol = paths[0].protocol(calls[0])
+        if any(FusedPath._one_kernel(p.kernels[p.backend(c)], c, protocol) for p, c in zip(paths, calls)):
+            for rank, call in enumerate(calls):
+                self.issue(rank, RankCall(call, backend=self._choice[rank]))
+        else:
+            for step in ("publish", "reduce", "consume"):
+                for path, call in zip(paths, calls):
+                    getattr(path, step)(call, protocol)
+            self._settle(range(self.tp))
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    # -- what went wrong -----------------------------------------------------------------------------
+    def timeouts(self) -> list[str]:
+        """Every rank's spin-timeout record, explained (the host mirror: call after ``synchronize``)."""
+        reports = []
+        for rank, workspace in enumerate(self.workspaces):
+            record = workspace.read_error()
+            if record is not None:
+                reports.append(self.explain_timeout(rank, *record))
+        return reports
+
+    def explain_timeout(self, rank: int, source: int, generation: int, token: int) -> str:
+        """What the slot a timed-out poll waited for holds now: still the sentinel (the store never
+        came, or it was re-armed away), or the data (the poll missed it); and every rank's state."""
+        ws = self.workspaces[rank]
+        if source >= 0:  # an LL consumer or a BT owner reduce, waiting for ``source``'s contribution
+            owner = token % self.tp
+            bt = ws.bt is not None and owner == rank and ws.bt_state is not None and \
+                int(ws.bt_state[layout.STATE_ACTIVE]) == generation and self._bt_pending(ws, source, generation, token)
+            slot = ws.bt.local[generation, source, token // self.tp] if bt else ws.ll.local[generation, source, token]
+            where = f"{'bt' if bt else 'll'}[{generation}][{source}][{token // self.tp if bt else token}]"
+        else:
+            slot, where = ws.bt_sums.local[generation, token], f"bt_sums[{generation}][{token}]"
+        sentinels = int((slot == layout.SENTINEL_INT16).sum())
+        holds = ("the sentinel in every lane: the store never landed (or was re-armed away)"
+                 if sentinels == slot.numel() else
+                 f"data ({slot.numel() - sentinels} of {slot.numel()} lanes written): the poll missed it"
+                 if sentinels == 0 else f"{sentinels} of {slot.numel()} lanes still the sentinel: a partial store")
+        states = "; ".join(f"rank {r} ll {w.ll_state.tolist()}" + (f" bt {w.bt_state.tolist()}" if w.bt_state is not None
+                                                                      else "") for r, w in enumerate(self.workspaces))
+        return (f"rank {rank}: spin timeout waiting for "
+                f"{'the owners sum' if source < 0 else f'rank {source}'} at token {token} of generation "
+                f"{generation}; {where} holds {holds}. States [next, active, arrived]: {states}")
+
+    @staticmethod
+    def _bt_pending(ws, source, generation, token) -> bool:
+        return bool((ws.bt.local[generation, source, token // ws.tp] == layout.SENTINEL_INT16).any())
+
+    # -- residency -----------------------------------------------------------------------------------
+    def check_residency(self) -> None:
+        """Raise ``ResidencyError`` unless the worst rank-call issued so far, made by all ranks at
+        once, leaves its waiting programs room to be resident together (and a publish room to run)."""
+        worst = self.residency.worst
+        if self.tp * worst > RESIDENT_SHARE:
+            raise ResidencyError(
+                f"tp={self.tp} ranks on one GPU of {self.sms} SMs: one rank's waiting programs take {worst:.2f} of "
+                f"it ({'; '.join(self.residency.worst_launches)}), all ranks' {self.tp * worst:.2f}, past the "
+                f"{RESIDENT_SHARE} they may take; a timeout would say nothing about the protocol. Lower "
+                f"max_num_tokens or the LL one-kernel rows, or emulate fewer ranks.")
+
+
+class ResidencyError(RuntimeError):
+    """A shape whose ranks' waiting programs could not all be resident on the one GPU at once."""
+
+
+def random_order(tp: int, rng: random.Random) -> list[int]:
+    order = list(range(tp))
+    rng.shuffle(order)
+    return order

@@ -1,0 +1,503 @@
+"""``python -m lamport_mhc soak``: many calls of a TP group with skew, every output of every rank
+compared bit for bit with the contract.
+
+Where it runs decides what it runs:
+- on one GPU (``one-gpu``): a ``ConcurrentGroup``, the ranks as streams of one process, each issuing
+  its own calls with skew (below), eager and (``--graphs``) from CUDA graphs it captured itself;
+- under ``torchrun`` on N GPUs (``gpus``): the real group, ``AllReduceMHC`` on every rank, with the
+  same skew;
+- on a CPU (``simulated``): a ``SimulatedGroup`` running the Triton kernels under the interpreter
+  in protocol order (no concurrency: it checks the command and the contract, not the ordering).
+
+Skew: every call's ranks are issued in random order, most of their calls preceded by a device-side
+delay of up to ``MAX_DELAY_US``, and nothing synchronizes the ranks between calls, so they drift
+whole calls apart (the host also lets a rank run up to ``MAX_LEAD`` calls ahead of the slowest).
+Each call draws its variant (plain, quant, finalize, finalize into MXFP8, residual only) and M
+(1 to capacity) anew, and reads one of ``POOLS`` input pools, never one of the three before it (a
+slot re-armed late would otherwise hold the right bits). Outputs are poisoned before every call and
+compared on the device, in the rank's stream order, against the reference of the pool's rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import layout, reference
+from .backend import ConsumerArgs
+from .call import Call
+from .mxfp8 import mxfp8_scale_bytes, scale_offset
+
+VARIANTS = ("plain", "quant", "finalize", "finalize-quant", "residual")
+POOLS = 5
+DELAYED_SHARE = 0.7       # of rank-calls, those delayed first
+MAX_DELAY_US = 100.0
+MAX_LEAD = 3              # calls a rank's host issue may run ahead of the slowest rank's
+GRAPH_CALLS = (5, 6)      # calls per captured graph: odd and even, so replays start at every generation
+EPS = (1e-20, 1e-6)
+CSV_COLUMNS = ("gpu", "where", "backend", "tp", "hidden", "calls", "graph_replays", "mismatches", "timeouts",
+               "seconds")
+POISON_BYTE = 0xA5
+
+
+@dataclass
+class SoakResult:
+    where: str
+    backend: str
+    tp: int
+    hidden: int
+    gpu: str = "cpu"
+    calls: int = 0
+    graph_replays: int = 0     # calls among ``calls`` that ran from replayed CUDA graphs
+    outputs_compared: int = 0
+    mismatches: int = 0        # outputs (of one rank-call) with at least one wrong bit
+    timeouts: int = 0
+    seconds: float = 0.0
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and not self.timeouts
+
+    def summary(self) -> str:
+        return (f"soak {self.where} {self.backend} tp={self.tp} H={self.hidden}: {self.calls} calls "
+                f"({self.graph_replays} from graph replays), {self.outputs_compared} outputs compared, "
+                f"{self.mismatches} mismatches, {self.timeouts} timeouts, {self.seconds:.1f} s")
+
+    def csv_row(self) -> dict:
+        return {"gpu": self.gpu, "where": self.where, "backend": self.backend, "tp": self.tp, "hidden": self.hidden,
+                "calls": self.calls, "graph_replays": self.graph_replays, "mismatches": self.mismatches,
+                "timeouts": self.timeouts, "seconds": f"{self.seconds:.1f}"}
+
+
+def append_csv(path, result: SoakResult) -> None:
+    path = Path(path)
+    new = not path.exists() or path.stat().st_size == 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerow(result.csv_row())
+
+
+def variants_of(hidden: int) -> tuple[str, ...]:
+    quant = hidden % layout.HIDDEN_MULTIPLE_MXFP8 == 0
+    return tuple(v for v in VARIANTS if quant or "quant" not in v)
+
+
+@dataclass
+class Draw:
+    """One call's choices, the same on every rank."""
+
+    variant: str
+    m: int
+    pool: int
+
+
+def draw_calls(rng: random.Random, count: int, capacity: int, hidden: int, sizes=None) -> list[Draw]:
+    """Calls of random variants and M; each reads a pool none of the three calls before it read."""
+    variants = variants_of(hidden)
+    recent: list[int] = []
+    draws = []
+    for _ in range(count):
+        pool = rng.choice([p for p in range(POOLS) if p not in recent[-3:]])
+        recent.append(pool)
+        m = rng.choice(sizes) if sizes else rng.randint(1, capacity)
+        draws.append(Draw(rng.choice(variants), m, pool))
+    return draws
+
+
+# -- pools of inputs and their references (GPU) ---------------------------------------------------------
+
+class Pool:
+    """One set of inputs at capacity rows for every rank, and the reference outputs of its rows
+    (rows are independent: a call of M rows reads rows [0, M) and must give the references' rows)."""
+
+    def __init__(self, tp: int, capacity: int, hidden: int, hc: int, top_k: int, seed: int, eps: float, device):
+        from .testing import random_inputs
+
+        self.eps = eps
+        self.inputs = random_inputs(tp, capacity, hidden, hc, seed=seed, top_k=top_k, gemm2_rows=capacity,
+                                    device=device, drawn_on_device=device.type == "cuda")
+        quantize = hidden % layout.HIDDEN_MULTIPLE_MXFP8 == 0
+        i = self.inputs
+        finalized = [reference.finalize_contribution(*args)
+                     for args in zip(i["gemm2s"], i["weights"], i["idxs"], i["shareds"])]
+        self.expected = {}
+        for kind, contributions in (("plain", i["xs"]), ("finalize", finalized)):
+            residual_out, layer, mxfp8 = reference.all_reduce_mhc(
+                contributions, i["residual"], i["post"], i["comb"], i["pre"], i["norm_weight"], eps,
+                quantize=quantize)
+            self.expected[kind] = (residual_out, layer, mxfp8)
+
+
+def scale_rows(capacity: int, hidden: int, device) -> torch.Tensor:
+    """int32 [mxfp8_scale_bytes(capacity, hidden)]: the row of every byte of the swizzled scales
+    (a call of M rows has the first mxfp8_scale_bytes(M) bytes, zero where the row is M or past)."""
+    rows = -(-capacity // layout.SCALE_TILE_ROWS) * layout.SCALE_TILE_ROWS
+    r = torch.arange(rows).view(-1, 1)
+    c = torch.arange(hidden // layout.MXFP8_BLOCK).view(1, -1)
+    owner = torch.empty(mxfp8_scale_bytes(capacity, hidden), dtype=torch.int32)
+    owner[scale_offset(r, c, hidden).reshape(-1)] = r.expand(-1, c.shape[1]).reshape(-1).to(torch.int32)
+    return owner.to(device)
+
+
+class OutputChecker:
+    """Compares each rank-call's outputs with the reference on the device, in the rank's stream order,
+    then poisons them for the next call: mismatched words counted per (rank, output), and the first
+    mismatching call of each rank kept. No host synchronization until ``read``."""
+
+    OUTPUTS = ("residual_out", "layer_input", "mxfp8 values", "mxfp8 scales")
+
+    def __init__(self, tp: int, device, scale_row_of: torch.Tensor):
+        self.counts = torch.zeros(tp, len(self.OUTPUTS), dtype=torch.int64, device=device)
+        self.first_bad = torch.full((tp,), 1 << 62, dtype=torch.int64, device=device)
+        self.scale_row_of = scale_row_of
+        self.compared = 0
+
+    def check(self, rank: int, call_id: int, m: int, outputs, expected) -> None:
+        """``outputs``/``expected``: (residual_out, layer_input or None, mxfp8 pair or None), the
+        expected at capacity rows."""
+        from .check_kernel import check_and_poison
+
+        residual_out, layer, mxfp8 = outputs
+        ref_residual, ref_layer, ref_mxfp8 = expected
+        pairs = [(0, residual_out, ref_residual), (1, layer, ref_layer)]
+        if mxfp8 is not None:
+            pairs += [(2, mxfp8[0], ref_mxfp8[0]), (3, mxfp8[1], ref_mxfp8[1])]
+        for index, out, ref in pairs:
+            if out is None:
+                continue
+            check_and_poison(out, ref, self.scale_row_of if index == 3 else None, m,
+                             self.counts[rank, index:], self.first_bad[rank:], call_id)
+            self.compared += 1
+
+    def read(self) -> tuple[int, list[str]]:
+        """(rank-outputs with wrong bits, messages); synchronizes."""
+        counts, first = self.counts.cpu(), self.first_bad.cpu()
+        messages = [f"rank {rank}: {int(counts[rank, i])} wrong words of {name} (first wrong call {int(first[rank])})"
+                    for rank in range(counts.shape[0]) for i, name in enumerate(self.OUTPUTS) if counts[rank, i]]
+        return int((counts > 0).sum()), messages
+
+
+@dataclass
+class RankBuffers:
+    """One rank's outputs at capacity rows, reused every call (the checker poisons them after reading)."""
+
+    residual_out: torch.Tensor
+    layer_input: torch.Tensor
+    values: torch.Tensor | None
+    scales: torch.Tensor | None
+
+    @classmethod
+    def allocate(cls, capacity: int, hidden: int, hc: int, quant: bool, device) -> RankBuffers:
+        def poisoned(n, dtype=torch.uint8):
+            return torch.full((n,), POISON_BYTE, dtype=torch.uint8, device=device).view(dtype)
+        return cls(poisoned(capacity * hc * hidden * 2, torch.bfloat16), poisoned(capacity * hidden * 2, torch.bfloat16),
+                   poisoned(capacity * hidden) if quant else None,
+                   poisoned(mxfp8_scale_bytes(capacity, hidden)) if quant else None)
+
+
+def rank_call(draw: Draw, rank: int, pool: Pool, buffers: RankBuffers, hidden: int, hc: int) -> tuple[Call, tuple]:
+    """The call of ``draw`` for one rank over its buffers, and its (outputs, expected) to check."""
+    i, m = pool.inputs, draw.m
+    quant, finalize, residual_only = "quant" in draw.variant, draw.variant.startswith("finalize"), \
+        draw.variant == "residual"
+    residual_out = buffers.residual_out[:m * hc * hidden].view(m, hc, hidden)
+    layer = None if residual_only else buffers.layer_input[:m * hidden].view(m, hidden)
+    values = buffers.values[:m * hidden].view(m, hidden).view(torch.float8_e4m3fn) if quant else None
+    scales = buffers.scales[:mxfp8_scale_bytes(m, hidden)] if quant else None
+    consumer = ConsumerArgs(
+        variant="residual" if residual_only else "quant" if quant else "plain", residual=i["residual"][:m],
+        post=i["post"][:m], comb=i["comb"][:m], pre=None if residual_only else i["pre"][:m],
+        norm_weight=None if residual_only else i["norm_weight"], norm_eps=pool.eps, residual_out=residual_out,
+        layer_input=layer, mxfp8_values=values, mxfp8_scales=scales)
+    if finalize:
+        call = Call("finalize", m, consumer, gemm2=i["gemm2s"][rank], weights=i["weights"][rank][:m],
+                    indices=i["idxs"][rank][:m], shared=i["shareds"][rank][:m])
+    else:
+        call = Call("plain", m, consumer, x=i["xs"][rank][:m])
+    expected_residual, expected_layer, expected_mxfp8 = pool.expected["finalize" if finalize else "plain"]
+    outputs = (residual_out, layer, None if not quant else (values.view(torch.uint8), scales))
+    expected = (expected_residual, None if residual_only else expected_layer,
+                None if not quant else (expected_mxfp8[0].view(torch.uint8), expected_mxfp8[1]))
+    return call, (outputs, expected)
+
+
+# -- one GPU: the ranks as streams ------------------------------------------------------------------------
+
+def default_capacity(tp: int) -> int:
+    """The largest M the emulated ranks' waiting programs stay resident with (checked per build)."""
+    return {2: 512, 3: 384, 4: 256}.get(tp, 96)
+
+
+def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool, seed: int = 0,
+                 capacity: int | None = None, spin_timeout_ms: float = 2000.0, bt_min_rows: int | None = None,
+                 ll_one_kernel_rows: int | None = None, log=print) -> SoakResult:
+    from .concurrent import ConcurrentGroup, RankCall
+
+    started = time.monotonic()
+    capacity = capacity or default_capacity(tp)
+    device = torch.device("cuda", torch.cuda.current_device())
+    result = SoakResult("one-gpu", backend, tp, hidden, gpu=torch.cuda.get_device_name(device))
+    group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend,
+                            bt_min_rows=bt_min_rows, bt_min_finalize_rows=bt_min_rows,
+                            ll_one_kernel_rows=ll_one_kernel_rows if ll_one_kernel_rows is not None else
+                            max(1, group_one_kernel_rows(tp, device)), spin_timeout_ms=spin_timeout_ms)
+    hc, top_k = group.specs[0].hc, group.specs[0].top_k
+    quant = group.specs[0].quantize
+    pools = [Pool(tp, capacity, hidden, hc, top_k, seed * 1000 + p, EPS[p % len(EPS)], device) for p in range(POOLS)]
+    checker = OutputChecker(tp, device, scale_rows(capacity, hidden, device) if quant else None)
+    buffers = [RankBuffers.allocate(capacity, hidden, hc, quant, device) for _ in range(tp)]
+    rng = random.Random(seed)
+
+    def prepared(draw: Draw, rank: int):
+        return rank_call(draw, rank, pools[draw.pool], buffers[rank], hidden, hc)
+
+    # Every form once in protocol order, with the largest M of each form (the residency check's worst).
+    warm = warm_up_draws(group, capacity, hidden)
+    for name in group.backends if backend == "mixed" else (None,):
+        for call_id, draw in enumerate(warm):
+            prepared_calls = [prepared(draw, rank) for rank in range(tp)]
+            group.run_in_protocol_order([c for c, _ in prepared_calls], name)
+            for rank, (_, check) in enumerate(prepared_calls):
+                checker.check(rank, -1 - call_id, draw.m, *check)
+    group.synchronize()
+    group.check_residency()
+    log(f"warm-up: {len(warm)} calls in protocol order; residency: each rank's worst call takes "
+        f"{group.residency.worst:.3f} of the GPU ({tp} ranks: {tp * group.residency.worst:.2f})")
+
+    eager_calls = calls if not graphs else max(calls // 4, 1)
+    draws = draw_calls(rng, eager_calls, capacity, hidden)
+    mixed = backend == "mixed"
+    # Host issue order with drift: each step advances a random rank, at most MAX_LEAD calls ahead.
+    issued = [0] * tp
+    while min(issued) < len(draws):
+        rank = rng.choice([r for r in range(tp) if issued[r] < len(draws) and issued[r] < min(issued) + MAX_LEAD])
+        k = issued[rank]
+        call, check = prepared(draws[k], rank)
+        delay = rng.uniform(0, MAX_DELAY_US) if rng.random() < DELAYED_SHARE else 0.0
+        group.issue(rank, RankCall(call, delay, rng.choice(group.backends) if mixed else None))
+        with torch.cuda.stream(group.streams[rank]):
+            checker.check(rank, k, draws[k].m, *check)
+        issued[rank] += 1
+    result.calls += len(draws)
+
+    if graphs:
+        result.graph_replays = replay_graphs(group, calls - eager_calls, rng, prepared, checker, capacity, hidden,
+                                             mixed)
+        result.calls += result.graph_replays
+    group.synchronize()
+    group.check_residency()
+    result.timeouts = len(group.timeouts())
+    result.messages += group.timeouts()
+    result.mismatches, messages = checker.read()
+    result.messages += messages
+    result.outputs_compared = checker.compared
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def group_one_kernel_rows(tp: int, device) -> int:
+    """LL's one-kernel bound on one GPU shared by ``tp`` ranks: every rank's programs must be
+    resident at once, so the SMs are split between the ranks (and again for the clusters' spread)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count // (2 * tp)
+
+
+def warm_up_draws(group, capacity: int, hidden: int) -> list[Draw]:
+    """A call of every variant at every M where the forms change (the largest of each form)."""
+    sizes = {1, capacity, group.ll_one_kernel_rows, group.ll_one_kernel_rows + 1,
+             group.thresholds.bt_min_rows - 1, group.thresholds.bt_min_rows,
+             group.thresholds.bt_min_finalize_rows - 1, group.thresholds.bt_min_finalize_rows}
+    for path in group.paths[:1]:
+        for kernels in path.kernels.values():
+            split = getattr(kernels, "split_rows", None)
+            if split:
+                sizes |= {split, split + 1}
+    sizes = sorted(m for m in sizes if 1 <= m <= capacity)
+    return [Draw(variant, m, i % POOLS) for i, (variant, m) in
+            enumerate((v, m) for m in sizes for v in variants_of(hidden))]
+
+
+def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capacity: int, hidden: int,
+                  mixed: bool) -> int:
+    """Each rank captures its own graphs of GRAPH_CALLS calls (the checks inside), then the ranks
+    replay them concurrently with skew, every round the same graph on every rank. Returns the
+    calls replayed."""
+    from .concurrent import CYCLES_PER_US, RankCall
+
+    graphs = []
+    for index, length in enumerate(GRAPH_CALLS):
+        draws = draw_calls(rng, length, capacity, hidden)
+        per_rank = []
+        for rank in range(group.tp):
+            graph = torch.cuda.CUDAGraph()
+            stream = group.streams[rank]
+            stream.synchronize()
+            # Each rank its own delays inside its sequence: skew within a replay.
+            delays = [rng.uniform(0, MAX_DELAY_US) if rng.random() < DELAYED_SHARE else 0.0 for _ in draws]
+            backends = [rng.choice(group.backends) if mixed else None for _ in draws]
+            with torch.cuda.graph(graph, stream=stream):
+                for k, draw in enumerate(draws):
+                    call, check = prepared(draw, rank)
+                    group.issue(rank, RankCall(call, delays[k], backends[k]))
+                    checker.check(rank, -(1000 * (index + 1) + k), draw.m, *check)
+            per_rank.append(graph)
+        graphs.append((length, per_rank))
+    replayed = 0
+    while replayed < calls:
+        length, per_rank = graphs[rng.randrange(len(graphs))]
+        order = list(range(group.tp))
+        rng.shuffle(order)
+        for rank in order:
+            with torch.cuda.stream(group.streams[rank]):
+                if rng.random() < DELAYED_SHARE:
+                    torch.cuda._sleep(int(rng.uniform(0, MAX_DELAY_US) * CYCLES_PER_US))
+                per_rank[rank].replay()
+        replayed += length
+    return replayed
+
+
+# -- N GPUs under torchrun: the real group ------------------------------------------------------------------
+
+def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int = 0, capacity: int = 1024,
+              spin_timeout_ms: float = 2000.0, log=print) -> SoakResult:
+    """Every rank of the torchrun group builds ``AllReduceMHC`` and issues the same calls (drawn
+    from ``seed``), each rank with its own delays; counts are summed over the ranks."""
+    import torch.distributed as dist
+
+    from .api import AllReduceMHC
+    from .concurrent import CYCLES_PER_US
+    from .config import AllReduceMHCConfig
+
+    started = time.monotonic()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl")
+    tp, rank = dist.get_world_size(), dist.get_rank()
+    result = SoakResult("gpus", backend, tp, hidden, gpu=torch.cuda.get_device_name(device))
+    quant = hidden % layout.HIDDEN_MULTIPLE_MXFP8 == 0
+    op = AllReduceMHC(hidden, 4, capacity, 6, device, quantize_layer_input=quant, residual_only=True,
+                      config=AllReduceMHCConfig(backend=backend, spin_timeout_ms=spin_timeout_ms))
+    pools = [Pool(tp, capacity, hidden, 4, 6, seed * 1000 + p, EPS[p % len(EPS)], device) for p in range(POOLS)]
+    checker = OutputChecker(tp, device, scale_rows(capacity, hidden, device) if quant else None)
+    buffers = RankBuffers.allocate(capacity, hidden, 4, quant, device)
+    shared_rng, own_rng = random.Random(seed), random.Random(seed * 7919 + rank + 1)
+
+    def one_call(draw: Draw, call_id: int) -> None:
+        call, (outputs, expected) = rank_call(draw, rank, pools[draw.pool], buffers, hidden, 4)
+        c = call.consumer
+        mxfp8 = None if c.mxfp8_values is None else (c.mxfp8_values, c.mxfp8_scales)
+        consumer = (c.residual, c.post, c.comb, c.pre, c.norm_weight, c.norm_eps)
+        if call.kind == "finalize":
+            residual_out, layer = op.finalize(call.gemm2, call.weights, call.indices, call.shared, *consumer,
+                                              mxfp8_out=mxfp8)
+        else:
+            residual_out, layer = op(call.x, *consumer, mxfp8_out=mxfp8)
+        checker.check(rank, call_id, draw.m, (residual_out, layer, outputs[2]), expected)
+
+    def delay() -> None:
+        if own_rng.random() < DELAYED_SHARE:
+            torch.cuda._sleep(int(own_rng.uniform(0, MAX_DELAY_US) * CYCLES_PER_US))
+
+    eager = calls if not graphs else max(calls // 4, 1)
+    try:
+        for k, draw in enumerate(draw_calls(shared_rng, eager, capacity, hidden)):
+            delay()
+            one_call(draw, k)
+        result.calls = eager
+        if graphs:
+            captured = []
+            for index, length in enumerate(GRAPH_CALLS):
+                draws = draw_calls(shared_rng, length, capacity, hidden)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for k, draw in enumerate(draws):
+                        delay()
+                        one_call(draw, -(1000 * (index + 1) + k))
+                captured.append((length, graph))
+            while result.graph_replays < calls - eager:
+                length, graph = captured[shared_rng.randrange(len(captured))]
+                delay()
+                graph.replay()
+                result.graph_replays += length
+            result.calls += result.graph_replays
+        op.check()
+    except RuntimeError as error:
+        result.timeouts, result.messages = 1, [str(error)]
+    torch.cuda.synchronize()
+    mismatches, messages = checker.read()
+    totals = torch.tensor([mismatches, result.timeouts, checker.compared], dtype=torch.int64, device=device)
+    dist.all_reduce(totals)
+    result.mismatches, result.timeouts, result.outputs_compared = (int(v) for v in totals.tolist())
+    result.messages += messages
+    result.seconds = time.monotonic() - started
+    return result
+
+
+# -- a CPU: the simulated group, protocol order -----------------------------------------------------------
+
+def soak_simulated(tp: int, calls: int, hidden: int, *, seed: int = 0, capacity: int = 12, log=print) -> SoakResult:
+    """The Triton kernels under the interpreter, every call in protocol order: LL's one-kernel form
+    (as its halves), LL and BT, every variant, checked against the reference bit for bit."""
+    from .simulate import SimulatedGroup
+    from .testing import assert_same_bits
+
+    started = time.monotonic()
+    result = SoakResult("simulated", "triton", tp, hidden)
+    quant = hidden % layout.HIDDEN_MULTIPLE_MXFP8 == 0
+    bt_min = max(2, capacity // 2)
+    group = SimulatedGroup(tp, hidden_size=hidden, hc_mult=4, max_num_tokens=capacity, top_k=6, backend="triton",
+                           quantize_layer_input=quant, residual_only=True, bt_min_rows=bt_min,
+                           bt_min_finalize_rows=bt_min, ll_one_kernel_rows=max(1, capacity // 4))
+    device = torch.device("cpu")
+    pools = [Pool(tp, capacity, hidden, 4, 6, seed * 1000 + p, EPS[p % len(EPS)], device) for p in range(POOLS)]
+    row_of = scale_rows(capacity, hidden, device) if quant else None
+    rng = random.Random(seed)
+    for k, draw in enumerate(draw_calls(rng, calls, capacity, hidden)):
+        pool, m = pools[draw.pool], draw.m
+        i = pool.inputs
+        residual_only, quantized = draw.variant == "residual", "quant" in draw.variant
+        consumer = (i["residual"][:m], i["post"][:m], i["comb"][:m], None if residual_only else i["pre"][:m],
+                    None if residual_only else i["norm_weight"], pool.eps)
+        try:
+            if draw.variant.startswith("finalize"):
+                outputs = group.finalize(i["gemm2s"], [w[:m] for w in i["weights"]], [x[:m] for x in i["idxs"]],
+                                         [s[:m] for s in i["shareds"]], *consumer, mxfp8=quantized)
+                expected = pool.expected["finalize"]
+            else:
+                outputs = group.all_reduce_mhc([x[:m] for x in i["xs"]], *consumer, mxfp8=quantized)
+                expected = pool.expected["plain"]
+        except RuntimeError as error:  # a slot still empty when polled: the interpreter's timeout
+            result.timeouts += 1
+            result.messages.append(f"call {k} ({draw.variant}, M={m}): {error}")
+            break
+        for rank, (residual_out, layer, mxfp8) in enumerate(outputs):
+            checks = [("residual_out", expected[0][:m], residual_out)]
+            if not residual_only:
+                checks.append(("layer_input", expected[1][:m], layer))
+            if quantized:
+                size = mxfp8_scale_bytes(m, hidden)
+                scales = torch.where(row_of[:size] < m, expected[2][1][:size], 0).to(torch.uint8)
+                checks += [("mxfp8 values", expected[2][0][:m].view(torch.uint8), mxfp8[0].view(torch.uint8)),
+                           ("mxfp8 scales", scales, mxfp8[1])]
+            for name, want, got in checks:
+                result.outputs_compared += 1
+                try:
+                    assert_same_bits(name, want, got)
+                except AssertionError as error:
+                    result.mismatches += 1
+                    result.messages.append(f"call {k} rank {rank} ({draw.variant}, M={m}): {error}")
+        result.calls += 1
+    result.seconds = time.monotonic() - started
+    return result

@@ -1,0 +1,120 @@
+"""Ranks that run at once on one GPU (``ConcurrentGroup``: the ranks as streams of one process):
+every backend, protocol, consumer form and variant at tp 2, 3, 4 and 8 under skew, eager and from
+CUDA graphs, every output compared bit for bit; a missing peer; and the negative control, a build
+whose polls do not wait, which protocol order passes and the concurrent group must fail.
+
+Each case runs in a spawned process (``run_ranks`` with one rank: a hard timeout, and the module
+loader told to load eagerly before CUDA starts)."""
+
+import time
+
+import pytest
+import torch
+
+from .bodies import BACKENDS, require_backend
+from .harness import require_gpus, run_ranks
+
+EAGER_LOADING = {"CUDA_MODULE_LOADING": "EAGER"}
+CALLS = 1000
+
+
+def _soak_body(rank, world, tp, backend, hidden, graphs, seed):
+    from lamport_mhc.soak import soak_one_gpu
+
+    result = soak_one_gpu(tp, CALLS, backend, hidden, graphs=graphs, seed=seed, log=lambda *_: None)
+    return result.summary(), result.ok, result.messages[:10], result.calls
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("tp,hidden", [(2, 5120), (3, 1408), (4, 1408), (8, 1408)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ranks_at_once_with_skew_match_the_reference(backend, tp, hidden, graphs):
+    require_gpus(1)
+    require_backend(backend)
+    [(summary, ok, messages, calls)] = run_ranks(_soak_body, 1, args=(tp, backend, hidden, graphs, tp + graphs),
+                                                 timeout_s=900, env=EAGER_LOADING)
+    assert ok, summary + "\n" + "\n".join(messages)
+    assert calls >= CALLS
+
+
+@pytest.mark.parametrize("backend,tp,hidden", [("auto", 2, 4096), ("mixed", 4, 1408)])
+def test_ranks_at_once_across_backends(backend, tp, hidden):
+    """auto's routes (tp 2, H 4096 routes M ranges to CuTe and to Triton) and ranks of one call on
+    different backends, over one set of mailboxes."""
+    require_gpus(1)
+    for name in BACKENDS:
+        require_backend(name)
+    [(summary, ok, messages, _)] = run_ranks(_soak_body, 1, args=(tp, backend, hidden, True, 7), timeout_s=900,
+                                             env=EAGER_LOADING)
+    assert ok, summary + "\n" + "\n".join(messages)
+
+
+def _missing_peer_body(rank, world, backend, timeout_ms):
+    from lamport_mhc.concurrent import ConcurrentGroup, RankCall
+    from lamport_mhc.soak import Draw, Pool, RankBuffers, rank_call, soak_one_gpu
+
+    tp, hidden, capacity, absent = 4, 1408, 64, 2
+    group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend, bt_min_rows=32,
+                            bt_min_finalize_rows=32, ll_one_kernel_rows=4, spin_timeout_ms=timeout_ms)
+    device = group.device
+    pool = Pool(tp, capacity, hidden, 4, 6, 5, 1e-20, device)
+    buffers = [RankBuffers.allocate(capacity, hidden, 4, True, device) for _ in range(tp)]
+    calls = [Draw("plain", 8, 0), Draw("quant", 3, 0), Draw("plain", 16, 0)]  # LL: every poll names its source
+    for draw in calls[:2]:  # every rank
+        group.run_in_protocol_order([rank_call(draw, r, pool, buffers[r], hidden, 4)[0] for r in range(tp)])
+    assert group.timeouts() == []
+    started = time.monotonic()
+    for r in range(tp):
+        if r != absent:
+            group.issue(r, RankCall(rank_call(calls[2], r, pool, buffers[r], hidden, 4)[0]))
+    group.synchronize()
+    waited = time.monotonic() - started
+    errors = {}
+    for r, path in enumerate(group.paths):
+        try:
+            path.raise_on_timeout()
+        except RuntimeError as error:
+            errors[r] = str(error)
+    reports = group.timeouts()
+    rebuilt = soak_one_gpu(tp, 200, backend, hidden, graphs=False, seed=3, capacity=capacity, log=lambda *_: None)
+    return errors, reports, waited, rebuilt.summary(), rebuilt.ok
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_missing_peer_is_named_by_every_other_rank(backend):
+    require_gpus(1)
+    require_backend(backend)
+    timeout_ms = 500
+    [(errors, reports, waited, rebuilt, rebuilt_ok)] = run_ranks(_missing_peer_body, 1, args=(backend, timeout_ms),
+                                                                 timeout_s=600, env=EAGER_LOADING)
+    assert sorted(errors) == [0, 1, 3], errors
+    for r, message in errors.items():
+        assert "rank 2's contribution" in message, message
+    assert all("the sentinel in every lane" in report for report in reports), reports
+    assert waited < 10 * timeout_ms / 1000 + 5, f"the ranks gave up after {waited:.1f} s"
+    assert rebuilt_ok, rebuilt
+
+
+def _negative_control_body(rank, world):
+    from lamport_mhc import SimulatedGroup
+    from lamport_mhc.soak import soak_one_gpu
+    from lamport_mhc.testing import assert_outputs_match, call_simulated, expected_outputs, random_inputs
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    group = SimulatedGroup(4, hidden_size=1408, hc_mult=4, max_num_tokens=64, top_k=6, backend="triton",
+                           ll_one_kernel_rows=0, device=device)
+    for m in (1, 7, 33):  # protocol order: every slot is written before it is polled
+        inputs = random_inputs(4, m, 1408, 4, seed=m, top_k=6, device=device)
+        for outputs in call_simulated(group, inputs, "plain", 1e-6):
+            assert_outputs_match(outputs, expected_outputs(inputs, "plain", 1e-6, device=device))
+    result = soak_one_gpu(4, 300, "triton", 1408, graphs=False, seed=11, log=lambda *_: None)
+    return result.summary(), result.mismatches, result.timeouts
+
+
+def test_the_concurrent_group_fails_a_build_whose_polls_do_not_wait():
+    """Negative control: LAMPORT_MHC_DEBUG_NO_WAIT=1 builds polls that read their slot once. Protocol
+    order cannot tell (every slot is written before it is polled); ranks that run at once must."""
+    require_gpus(1)
+    [(summary, mismatches, timeouts)] = run_ranks(
+        _negative_control_body, 1, timeout_s=900, env={**EAGER_LOADING, "LAMPORT_MHC_DEBUG_NO_WAIT": "1"})
+    assert mismatches > 0, summary
