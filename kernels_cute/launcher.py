@@ -65,6 +65,23 @@ def compile_once(instance, spec: BuildSpec, options: str):
     return _COMPILED[key]
 
 
+def loaded_function(compiled) -> cuda.CUfunction:
+    """The CUfunction of a compiled kernel in the current context: its library loaded (``library``
+    loads it) and the kernel loaded into the context (``cuKernelGetFunction``)."""
+    from cuda.bindings import runtime
+
+    library = compiled.library
+    error, count = runtime.cudaLibraryGetKernelCount(library)
+    if error == runtime.cudaError_t.cudaSuccess:
+        error, kernels = runtime.cudaLibraryEnumerateKernels(count, library)
+    if error != runtime.cudaError_t.cudaSuccess or count != 1:
+        raise RuntimeError(f"the compiled CuTe DSL library holds {count} kernels ({error}), expected one")
+    error, function = cuda.cuKernelGetFunction(cuda.CUkernel(int(kernels[0])))
+    if error != cuda.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuKernelGetFunction: {error}")
+    return function
+
+
 def current_stream() -> cuda.CUstream:
     """The current torch stream, which the kernels launch on (the captured one inside a CUDA graph)."""
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -148,18 +165,17 @@ class CuteKernels:
 
     def load_modules(self) -> None:
         """Load every compiled kernel into this device's context now (CuTe DSL loads a kernel's
-        library at its first launch otherwise)."""
-        device = self.workspace.error.device.index
-        self._executors = {name: compiled.to(device) for name, compiled in self.compiled.items()}
+        library at its first launch otherwise, and the driver the kernel at its first use)."""
+        self._functions = {name: loaded_function(compiled) for name, compiled in self.compiled.items()}
 
     def footprint(self, name: str) -> tuple[object, int, int]:
         """(CUfunction, threads per CTA, dynamic shared bytes) of a compiled kernel, for occupancy."""
-        if name not in getattr(self, "_executors", {}):
+        if name not in getattr(self, "_functions", {}):
             self.load_modules()
         kernel = self.plan[name].kernel
         slots = getattr(kernel, "smem_slots", None) or getattr(kernel, "slots", 0)
         shared = 4 * slots if getattr(kernel, "norm", False) else 0
-        return self._executors[name].exec_context.kernel_functions[0], kernel.threads, shared
+        return self._functions[name], kernel.threads, shared
 
     # -- the Kernels interface ---------------------------------------------------------------------
     def publish(self, protocol: str, x: torch.Tensor) -> None:

@@ -165,7 +165,9 @@ def _soak(args) -> int:
             print("the one-GPU group emulates tp >= 2 ranks (a group of one has no mailbox to soak)", file=sys.stderr)
             return 2
         result = soak.soak_one_gpu(args.tp, args.calls, args.backend, args.hidden or 5120, graphs=args.graphs,
-                                   seed=args.seed, capacity=args.capacity, spin_timeout_ms=args.spin_timeout_ms)
+                                   seed=args.seed, capacity=args.capacity, spin_timeout_ms=args.spin_timeout_ms,
+                                   bt_min_rows=args.bt_min_rows, ll_one_kernel_rows=args.one_kernel_rows,
+                                   split_rows=args.split_rows, host_gc=args.host_gc)
         report = True
     else:
         if args.backend not in ("triton", "auto"):
@@ -264,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--hidden", type=int, default=None, help="default: 5120 on GPUs, 256 simulated")
     soak.add_argument("--capacity", type=int, default=None,
                       help="max_num_tokens; calls draw M from 1 to it (default: what the emulated ranks keep resident)")
+    soak.add_argument("--bt-min-rows", type=int, default=None, help="LL -> BT threshold (default: the preset's)")
+    soak.add_argument("--one-kernel-rows", type=int, default=None, help="one GPU: LL's one-kernel bound (0: none)")
+    soak.add_argument("--split-rows", type=int, default=None, help="one GPU: the latency forms' largest call")
+    soak.add_argument("--host-gc", action="store_true",
+                      help="one GPU: leave Python's collector on while the ranks run (its pauses stall every rank's "
+                           "issue; for diagnosis)")
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--spin-timeout-ms", type=float, default=2000.0)
     soak.add_argument("--out", default=None, help="append one CSV row (gpu, where, backend, tp, hidden, calls, "

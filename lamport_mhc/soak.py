@@ -21,6 +21,7 @@ compared on the device, in the rank's stream order, against the reference of the
 from __future__ import annotations
 
 import csv
+import gc
 import os
 import random
 import time
@@ -233,30 +234,43 @@ def rank_call(draw: Draw, rank: int, pool: Pool, buffers: RankBuffers, hidden: i
 
 # -- one GPU: the ranks as streams ------------------------------------------------------------------------
 
-def default_capacity(tp: int) -> int:
-    """The largest M the emulated ranks' waiting programs stay resident with (checked per build)."""
-    return {2: 512, 3: 384, 4: 256}.get(tp, 96)
+# What the emulated ranks keep resident together (one GPU's SMs shared by tp ranks), per tp: the
+# largest M of a call, the cooperative (latency) forms' rows and LL's one-kernel rows. Each build
+# is still checked (``ConcurrentGroup.check_residency``), which refuses with the reason.
+EMULATED_ROWS = {2: (192, 24, 32), 3: (128, 16, 20), 4: (96, 12, 16), 8: (48, 6, 8)}
+
+
+def emulated_rows(tp: int) -> tuple[int, int, int]:
+    """(capacity, split rows, one-kernel rows) of an emulated group of ``tp`` ranks."""
+    return EMULATED_ROWS.get(tp, EMULATED_ROWS[8])
 
 
 def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool, seed: int = 0,
                  capacity: int | None = None, spin_timeout_ms: float = 2000.0, bt_min_rows: int | None = None,
-                 ll_one_kernel_rows: int | None = None, log=print) -> SoakResult:
+                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None, host_gc: bool = False,
+                 log=print) -> SoakResult:
     from .concurrent import ConcurrentGroup, RankCall
 
     started = time.monotonic()
-    capacity = capacity or default_capacity(tp)
+    default_capacity, default_split_rows, one_kernel_rows = emulated_rows(tp)
+    capacity = capacity or default_capacity
+    split_rows = default_split_rows if split_rows is None else split_rows
     device = torch.device("cuda", torch.cuda.current_device())
     result = SoakResult("one-gpu", backend, tp, hidden, gpu=torch.cuda.get_device_name(device))
+    log(f"building {tp} ranks of {backend} at H={hidden}, capacity {capacity}")
     group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend,
                             bt_min_rows=bt_min_rows, bt_min_finalize_rows=bt_min_rows,
-                            ll_one_kernel_rows=ll_one_kernel_rows if ll_one_kernel_rows is not None else
-                            max(1, group_one_kernel_rows(tp, device)), spin_timeout_ms=spin_timeout_ms)
+                            ll_one_kernel_rows=one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows,
+                            split_rows=split_rows, spin_timeout_ms=spin_timeout_ms)
     hc, top_k = group.specs[0].hc, group.specs[0].top_k
     quant = group.specs[0].quantize
     pools = [Pool(tp, capacity, hidden, hc, top_k, seed * 1000 + p, EPS[p % len(EPS)], device) for p in range(POOLS)]
     checker = OutputChecker(tp, device, scale_rows(capacity, hidden, device) if quant else None)
     buffers = [RankBuffers.allocate(capacity, hidden, hc, quant, device) for _ in range(tp)]
     rng = random.Random(seed)
+    log(f"built and pools drawn in {time.monotonic() - started:.1f} s; backends {group.backends}, "
+        f"BT from {group.thresholds.bt_min_rows} / {group.thresholds.bt_min_finalize_rows} rows, "
+        f"one-kernel LL up to {group.ll_one_kernel_rows} rows")
 
     def prepared(draw: Draw, rank: int):
         return rank_call(draw, rank, pools[draw.pool], buffers[rank], hidden, hc)
@@ -277,27 +291,45 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     eager_calls = calls if not graphs else max(calls // 4, 1)
     draws = draw_calls(rng, eager_calls, capacity, hidden)
     mixed = backend == "mixed"
-    # Host issue order with drift: each step advances a random rank, at most MAX_LEAD calls ahead.
-    issued = [0] * tp
-    while min(issued) < len(draws):
-        rank = rng.choice([r for r in range(tp) if issued[r] < len(draws) and issued[r] < min(issued) + MAX_LEAD])
-        k = issued[rank]
-        call, check = prepared(draws[k], rank)
-        delay = rng.uniform(0, MAX_DELAY_US) if rng.random() < DELAYED_SHARE else 0.0
-        group.issue(rank, RankCall(call, delay, rng.choice(group.backends) if mixed else None))
-        with torch.cuda.stream(group.streams[rank]):
-            checker.check(rank, k, draws[k].m, *check)
-        issued[rank] += 1
-    result.calls += len(draws)
+    # One process issues every rank's calls: a pause of its host thread (the collector walking
+    # every compiled kernel's objects, a compile) delays some rank's issue while its peers spin,
+    # which no real group has. The collector stays off while the ranks run (unless host_gc), and
+    # the longest gap between two issues is reported beside any timeout.
+    gaps = HostGaps()
+    collecting = gc.isenabled()
+    if not host_gc:
+        gc.collect()
+        gc.disable()
+    try:
+        # Host issue order with drift: each step advances a random rank, at most MAX_LEAD calls ahead.
+        issued = [0] * tp
+        while min(issued) < len(draws) and not (sum(issued) % 64 == 0 and any_timeout(group)):
+            rank = rng.choice([r for r in range(tp) if issued[r] < len(draws) and issued[r] < min(issued) + MAX_LEAD])
+            k = issued[rank]
+            call, check = prepared(draws[k], rank)
+            delay = rng.uniform(0, MAX_DELAY_US) if rng.random() < DELAYED_SHARE else 0.0
+            gaps.issued(rank, k)
+            group.issue(rank, RankCall(call, delay, rng.choice(group.backends) if mixed else None))
+            with torch.cuda.stream(group.streams[rank]):
+                checker.check(rank, k, draws[k].m, *check)
+            issued[rank] += 1
+        result.calls += min(issued)
 
-    if graphs:
-        result.graph_replays = replay_graphs(group, calls - eager_calls, rng, prepared, checker, capacity, hidden,
-                                             mixed)
-        result.calls += result.graph_replays
-    group.synchronize()
+        if graphs and not any_timeout(group):
+            result.graph_replays = replay_graphs(group, calls - eager_calls, rng, prepared, checker, capacity,
+                                                 hidden, mixed, gaps)
+            result.calls += result.graph_replays
+        group.synchronize()
+    finally:
+        if collecting:
+            gc.enable()
     group.check_residency()
-    result.timeouts = len(group.timeouts())
-    result.messages += group.timeouts()
+    timeouts = group.timeouts()
+    result.timeouts = len(timeouts)
+    if timeouts:
+        timeouts.append(gaps.describe())
+    result.messages += timeouts
+    log(gaps.describe())
     result.mismatches, messages = checker.read()
     result.messages += messages
     result.outputs_compared = checker.compared
@@ -305,10 +337,29 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     return result
 
 
-def group_one_kernel_rows(tp: int, device) -> int:
-    """LL's one-kernel bound on one GPU shared by ``tp`` ranks: every rank's programs must be
-    resident at once, so the SMs are split between the ranks (and again for the clusters' spread)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count // (2 * tp)
+class HostGaps:
+    """The longest pause of the host between two issues of the one-GPU group (a rank whose call
+    comes that late leaves its peers spinning that long)."""
+
+    def __init__(self):
+        self.last = None
+        self.longest = (0.0, None, None)
+
+    def issued(self, rank: int, call: int) -> None:
+        now = time.monotonic()
+        if self.last is not None and now - self.last > self.longest[0]:
+            self.longest = (now - self.last, rank, call)
+        self.last = now
+
+    def describe(self) -> str:
+        gap, rank, call = self.longest
+        return f"longest host gap between two issues: {gap * 1e3:.1f} ms (before rank {rank}'s call {call})"
+
+
+def any_timeout(group) -> bool:
+    """Whether a rank has recorded a spin timeout (a read of the host mirrors: no synchronization).
+    After one the group's state is broken, so the soak stops issuing."""
+    return any(ws.read_error() is not None for ws in group.workspaces)
 
 
 def warm_up_draws(group, capacity: int, hidden: int) -> list[Draw]:
@@ -327,7 +378,7 @@ def warm_up_draws(group, capacity: int, hidden: int) -> list[Draw]:
 
 
 def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capacity: int, hidden: int,
-                  mixed: bool) -> int:
+                  mixed: bool, gaps: HostGaps) -> int:
     """Each rank captures its own graphs of GRAPH_CALLS calls (the checks inside), then the ranks
     replay them concurrently with skew, every round the same graph on every rank. Returns the
     calls replayed."""
@@ -352,11 +403,12 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
             per_rank.append(graph)
         graphs.append((length, per_rank))
     replayed = 0
-    while replayed < calls:
+    while replayed < calls and not any_timeout(group):
         length, per_rank = graphs[rng.randrange(len(graphs))]
         order = list(range(group.tp))
         rng.shuffle(order)
         for rank in order:
+            gaps.issued(rank, -replayed)
             with torch.cuda.stream(group.streams[rank]):
                 if rng.random() < DELAYED_SHARE:
                     torch.cuda._sleep(int(rng.uniform(0, MAX_DELAY_US) * CYCLES_PER_US))
