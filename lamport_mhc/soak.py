@@ -40,6 +40,11 @@ POOLS = 5
 DELAYED_SHARE = 0.7       # of rank-calls, those delayed first
 MAX_DELAY_US = 100.0
 MAX_LEAD = 3              # calls a rank's host issue may run ahead of the slowest rank's
+# Calls the host may run ahead of a rank's GPU work. One thread issues every rank's calls: with no
+# bound it fills a stream's launch queue, blocks in the driver on the next launch, and the rank it
+# would have issued next leaves its peers spinning (a stall no real group has). Waiting for a call
+# this many calls back cannot deadlock: every rank has issued it (MAX_LEAD < HOST_AHEAD).
+HOST_AHEAD = 16
 GRAPH_CALLS = (5, 6)      # calls per captured graph: odd and even, so replays start at every generation
 EPS = (1e-20, 1e-6)
 CSV_COLUMNS = ("gpu", "where", "backend", "tp", "hidden", "calls", "graph_replays", "mismatches", "timeouts",
@@ -296,6 +301,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     # which no real group has. The collector stays off while the ranks run (unless host_gc), and
     # the longest gap between two issues is reported beside any timeout.
     gaps = HostGaps()
+    ahead = HostAhead(tp)
     collecting = gc.isenabled()
     if not host_gc:
         gc.collect()
@@ -308,16 +314,18 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
             k = issued[rank]
             call, check = prepared(draws[k], rank)
             delay = rng.uniform(0, MAX_DELAY_US) if rng.random() < DELAYED_SHARE else 0.0
+            ahead.wait(rank, k)
             gaps.issued(rank, k)
             group.issue(rank, RankCall(call, delay, rng.choice(group.backends) if mixed else None))
             with torch.cuda.stream(group.streams[rank]):
                 checker.check(rank, k, draws[k].m, *check)
+                ahead.record(rank, k)
             issued[rank] += 1
         result.calls += min(issued)
 
         if graphs and not any_timeout(group):
             result.graph_replays = replay_graphs(group, calls - eager_calls, rng, prepared, checker, capacity,
-                                                 hidden, mixed, gaps)
+                                                 hidden, mixed, gaps, HostAhead(tp))
             result.calls += result.graph_replays
         group.synchronize()
     finally:
@@ -335,6 +343,22 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     result.outputs_compared = checker.compared
     result.seconds = time.monotonic() - started
     return result
+
+
+class HostAhead:
+    """Keeps the host at most HOST_AHEAD calls ahead of each rank's GPU work (see HOST_AHEAD)."""
+
+    def __init__(self, tp: int):
+        self.events = [dict() for _ in range(tp)]
+
+    def record(self, rank: int, call: int) -> None:
+        event = torch.cuda.Event()
+        event.record()
+        self.events[rank][call] = event
+
+    def wait(self, rank: int, call: int) -> None:
+        for earlier in [c for c in self.events[rank] if c <= call - HOST_AHEAD]:
+            self.events[rank].pop(earlier).synchronize()
 
 
 class HostGaps:
@@ -378,7 +402,7 @@ def warm_up_draws(group, capacity: int, hidden: int) -> list[Draw]:
 
 
 def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capacity: int, hidden: int,
-                  mixed: bool, gaps: HostGaps) -> int:
+                  mixed: bool, gaps: HostGaps, ahead: HostAhead) -> int:
     """Each rank captures its own graphs of GRAPH_CALLS calls (the checks inside), then the ranks
     replay them concurrently with skew, every round the same graph on every rank. Returns the
     calls replayed."""
@@ -402,18 +426,21 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
                     checker.check(rank, -(1000 * (index + 1) + k), draw.m, *check)
             per_rank.append(graph)
         graphs.append((length, per_rank))
-    replayed = 0
+    replayed, rounds = 0, 0
     while replayed < calls and not any_timeout(group):
         length, per_rank = graphs[rng.randrange(len(graphs))]
         order = list(range(group.tp))
         rng.shuffle(order)
         for rank in order:
+            ahead.wait(rank, rounds * GRAPH_CALLS[0])
             gaps.issued(rank, -replayed)
             with torch.cuda.stream(group.streams[rank]):
                 if rng.random() < DELAYED_SHARE:
                     torch.cuda._sleep(int(rng.uniform(0, MAX_DELAY_US) * CYCLES_PER_US))
                 per_rank[rank].replay()
+                ahead.record(rank, rounds * GRAPH_CALLS[0])
         replayed += length
+        rounds += 1
     return replayed
 
 
