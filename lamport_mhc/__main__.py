@@ -141,9 +141,13 @@ def _model_ab(args) -> int:
 def _soak(args) -> int:
     import os
 
-    # A first launch that loads its module lazily waits for the GPU to go idle, which it never does
-    # while an emulated rank spins: load every module when it is created (before CUDA starts).
+    # Before CUDA starts. A first launch that loads its module lazily waits for the GPU to go idle,
+    # which it never does while an emulated rank spins: load every module when it is created. And
+    # every emulated rank gets a hardware queue of its own (lamport_mhc.concurrent.rank_streams).
+    from .concurrent import CONNECTIONS
+
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(CONNECTIONS))
     import torch
 
     from . import soak

@@ -8,7 +8,14 @@ The mailboxes, tables and state words are the production ones (``workspace.alloc
 the same layouts, with every rank's buffers in this GPU's memory), and so are the kernels and the
 path that sequences them (``FusedPath``, with ``auto``'s routes where the backend is "auto").
 
-Sharing one GPU brings two artifacts no real TP group has, ruled out here by construction:
+Sharing one GPU (and one host thread) brings artifacts no real TP group has, ruled out here by
+construction:
+- streams share the GPU's hardware work queues (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default;
+  torch's pooled streams of one priority need not even take different ones). In a queue that two
+  ranks share, a launch that waits for its own stream's previous kernel holds up every launch
+  behind it: a rank's publish can wait behind a peer's work that waits for a spinning consumer,
+  which waits for that publish. Each rank gets a stream of its own created for it, on a queue of
+  its own (``rank_streams``), and a group needs ``tp`` queues to spare;
 - a kernel's first (lazy) module load waits for the GPU to go idle, which never happens while a
   rank spins: ``load_modules`` loads every compiled kernel before any rank runs, and the caller
   warms every form up in protocol order (``warm_up``) before the ranks run at once;
@@ -44,6 +51,36 @@ WAITING_KERNELS = ("consumer_ll", "consumer_bt", "owner_reduce", "one_kernel")
 RESIDENT_SHARE = 0.75
 # torch.cuda._sleep cycles per microsecond (H200 at its ~1.98 GHz boost clock).
 CYCLES_PER_US = 1980
+# The hardware work queues the driver spreads streams over: its default, and what a process that
+# emulates ranks should ask for (the driver's most) before CUDA starts.
+DEFAULT_CONNECTIONS = 8
+CONNECTIONS = 32
+# Rank-calls whose progress (started, finished) each rank keeps for explaining a timeout.
+PROGRESS_KEPT = 64
+
+
+def rank_streams(tp: int, device: torch.device) -> list[torch.cuda.ExternalStream]:
+    """``tp`` new non-blocking streams, created one after another so the driver puts each on a
+    hardware queue of its own (it deals queues out in turn; torch's pool created its streams of
+    every priority interleaved). Refuses where the queues cannot go round."""
+    import os
+
+    from cuda.bindings import runtime
+
+    connections = int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", DEFAULT_CONNECTIONS))
+    if tp >= connections:
+        raise ResidencyError(
+            f"{tp} emulated ranks need a hardware queue each and one for the rest of the process, but "
+            f"CUDA_DEVICE_MAX_CONNECTIONS is {connections}: set it to {CONNECTIONS} before CUDA starts "
+            f"(python -m lamport_mhc soak does)")
+    streams = []
+    with torch.cuda.device(device):
+        for _ in range(tp):
+            error, stream = runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking)
+            if error != runtime.cudaError_t.cudaSuccess:
+                raise RuntimeError(f"cudaStreamCreateWithFlags: {error}")
+            streams.append(torch.cuda.ExternalStream(int(stream), device=device))
+    return streams
 
 
 def blocks_per_sm(function, threads: int, shared_bytes: int) -> int:
@@ -143,7 +180,10 @@ class ConcurrentGroup:
                                         self._router(spec.rank, preset)))
         # The one-kernel bound every backend holds (each may lower the build's).
         self.ll_one_kernel_rows = min(k.spec.ll_one_kernel_rows for p in self.paths for k in p.kernels.values())
-        self.streams = [torch.cuda.Stream(self.device) for _ in range(tp)]
+        self.streams = rank_streams(tp, self.device)
+        # Per rank: (host issue count, started event, finished event) of its latest rank-calls.
+        self.issued = [0] * tp
+        self.progress: list[list] = [[] for _ in range(tp)]
         self.load_modules()
 
     # -- construction ------------------------------------------------------------------------------
@@ -184,7 +224,15 @@ class ConcurrentGroup:
             if rank_call.delay_us > 0:
                 torch.cuda._sleep(int(rank_call.delay_us * CYCLES_PER_US))
             self._choice[rank] = rank_call.backend or self.backends[0]
+            tracked = not torch.cuda.is_current_stream_capturing()
+            if tracked:
+                started, finished = torch.cuda.Event(), torch.cuda.Event()
+                started.record()
             self.paths[rank].run(rank_call.call)
+            if tracked:
+                finished.record()
+                self.progress[rank] = (self.progress[rank] + [(self.issued[rank], started, finished)])[-PROGRESS_KEPT:]
+                self.issued[rank] += 1
         self._settle((rank,))
 
     def run_in_protocol_order(self, calls: Sequence[Call], backend: str | None = None) -> None:
@@ -241,6 +289,18 @@ class ConcurrentGroup:
         return (f"rank {rank}: spin timeout waiting for "
                 f"{'the owners sum' if source < 0 else f'rank {source}'} at token {token} of generation "
                 f"{generation}; {where} holds {holds}. States [next, active, arrived]: {states}")
+
+    def describe_progress(self) -> str:
+        """Per rank: eager calls issued by the host, and the last of them whose kernels had started
+        and finished on the GPU, as of now (no synchronization): taken when a timeout is first seen,
+        it says whether the awaited peer's call had been issued, had started, or was held up before
+        its first kernel."""
+        parts = []
+        for rank, kept in enumerate(self.progress):
+            started = max((n for n, s, _ in kept if s.query()), default=-1)
+            finished = max((n for n, _, f in kept if f.query()), default=-1)
+            parts.append(f"rank {rank} {self.issued[rank]} / {started + 1} / {finished + 1}")
+        return ", ".join(parts)
 
     @staticmethod
     def _bt_pending(ws, source, generation, token) -> bool:

@@ -302,6 +302,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     # the longest gap between two issues is reported beside any timeout.
     gaps = HostGaps()
     ahead = HostAhead(tp)
+    watch = TimeoutWatch(group)
     collecting = gc.isenabled()
     if not host_gc:
         gc.collect()
@@ -309,7 +310,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     try:
         # Host issue order with drift: each step advances a random rank, at most MAX_LEAD calls ahead.
         issued = [0] * tp
-        while min(issued) < len(draws) and not (sum(issued) % 64 == 0 and any_timeout(group)):
+        while min(issued) < len(draws) and not (sum(issued) % 64 == 0 and watch.timed_out()):
             rank = rng.choice([r for r in range(tp) if issued[r] < len(draws) and issued[r] < min(issued) + MAX_LEAD])
             k = issued[rank]
             call, check = prepared(draws[k], rank)
@@ -323,10 +324,11 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
             issued[rank] += 1
         result.calls += min(issued)
 
-        if graphs and not any_timeout(group):
+        if graphs and not watch.timed_out():
             result.graph_replays = replay_graphs(group, calls - eager_calls, rng, prepared, checker, capacity,
-                                                 hidden, mixed, gaps, HostAhead(tp))
+                                                 hidden, mixed, gaps, HostAhead(tp), watch)
             result.calls += result.graph_replays
+        watch.timed_out()
         group.synchronize()
     finally:
         if collecting:
@@ -335,7 +337,8 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     timeouts = group.timeouts()
     result.timeouts = len(timeouts)
     if timeouts:
-        timeouts.append(gaps.describe())
+        timeouts += [gaps.describe(), "when the first timeout was seen, eager rank-calls issued / started / "
+                     f"finished: {watch.progress or group.describe_progress() + ' (after it)'}"]
     result.messages += timeouts
     log(gaps.describe())
     result.mismatches, messages = checker.read()
@@ -380,10 +383,19 @@ class HostGaps:
         return f"longest host gap between two issues: {gap * 1e3:.1f} ms (before rank {rank}'s call {call})"
 
 
-def any_timeout(group) -> bool:
-    """Whether a rank has recorded a spin timeout (a read of the host mirrors: no synchronization).
-    After one the group's state is broken, so the soak stops issuing."""
-    return any(ws.read_error() is not None for ws in group.workspaces)
+class TimeoutWatch:
+    """Whether a rank has recorded a spin timeout, as far as the host mirrors show (no
+    synchronization); the group's progress is kept from the moment one is first seen. After a
+    timeout the group's state is broken, so the soak stops issuing."""
+
+    def __init__(self, group):
+        self.group = group
+        self.progress: str | None = None
+
+    def timed_out(self) -> bool:
+        if self.progress is None and any(ws.read_error() is not None for ws in self.group.workspaces):
+            self.progress = self.group.describe_progress()
+        return self.progress is not None
 
 
 def warm_up_draws(group, capacity: int, hidden: int) -> list[Draw]:
@@ -402,7 +414,7 @@ def warm_up_draws(group, capacity: int, hidden: int) -> list[Draw]:
 
 
 def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capacity: int, hidden: int,
-                  mixed: bool, gaps: HostGaps, ahead: HostAhead) -> int:
+                  mixed: bool, gaps: HostGaps, ahead: HostAhead, watch: TimeoutWatch) -> int:
     """Each rank captures its own graphs of GRAPH_CALLS calls (the checks inside), then the ranks
     replay them concurrently with skew, every round the same graph on every rank. Returns the
     calls replayed."""
@@ -427,7 +439,7 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
             per_rank.append(graph)
         graphs.append((length, per_rank))
     replayed, rounds = 0, 0
-    while replayed < calls and not any_timeout(group):
+    while replayed < calls and not watch.timed_out():
         length, per_rank = graphs[rng.randrange(len(graphs))]
         order = list(range(group.tp))
         rng.shuffle(order)

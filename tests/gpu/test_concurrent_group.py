@@ -4,7 +4,7 @@ CUDA graphs, every output compared bit for bit; a missing peer; and the negative
 whose polls do not wait, which protocol order passes and the concurrent group must fail.
 
 Each case runs in a spawned process (``run_ranks`` with one rank: a hard timeout, and the module
-loader told to load eagerly before CUDA starts)."""
+loader and the hardware queues set before CUDA starts)."""
 
 import time
 
@@ -14,7 +14,8 @@ import torch
 from .bodies import BACKENDS, require_backend
 from .harness import require_gpus, run_ranks
 
-EAGER_LOADING = {"CUDA_MODULE_LOADING": "EAGER"}
+# Before CUDA starts in the spawned process: every module loaded at once, a hardware queue per rank.
+EAGER_LOADING = {"CUDA_MODULE_LOADING": "EAGER", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
 CALLS = 1000
 
 

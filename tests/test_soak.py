@@ -1,0 +1,109 @@
+"""The soak command on a CPU (the simulated group), and the pieces the one-GPU soak relies on that
+run without a GPU: its call draws, the scale prefix its checks assume, its device-side checker
+(under the interpreter) and the residency arithmetic."""
+
+import csv
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lamport_mhc.__main__ import main
+from lamport_mhc.concurrent import RESIDENT_SHARE, ConcurrentGroup, Residency, ResidencyError
+from lamport_mhc.mxfp8 import mxfp8_quantize_reference, mxfp8_scale_bytes
+from lamport_mhc.soak import CSV_COLUMNS, POOLS, VARIANTS, draw_calls, scale_rows
+
+
+def test_soak_on_a_cpu_runs_every_variant_through_the_simulated_group(tmp_path, capsys):
+    out = tmp_path / "soak.csv"
+    assert main(["soak", "--tp", "3", "--hidden", "256", "--calls", "30", "--out", str(out)]) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("soak simulated triton tp=3 H=256: 30 calls (0 from graph replays), ")
+    assert summary.count(" 0 mismatches, 0 timeouts") == 1
+    compared = int(summary.split("), ")[1].split(" outputs")[0])
+    assert compared >= 30 * 3 * 2  # every rank's streams and at least one more output a call
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == list(CSV_COLUMNS)
+    assert [(r["where"], r["backend"], r["tp"], r["hidden"], r["calls"], r["mismatches"], r["timeouts"])
+            for r in rows] == [("simulated", "triton", "3", "256", "30", "0", "0")]
+
+
+@pytest.mark.parametrize("args", [["--graphs"], ["--backend", "cute"], ["--backend", "mixed"]])
+def test_soak_on_a_cpu_refuses_what_needs_a_gpu(args, capsys):
+    assert main(["soak", "--tp", "2", "--hidden", "256", "--calls", "1", *args]) == 2
+    assert "GPU" in capsys.readouterr().err
+
+
+def test_draws_vary_and_never_read_one_of_the_three_pools_before():
+    draws = draw_calls(random.Random(5), 2000, 96, 1408)
+    for before, draw in zip(range(len(draws)), draws[3:]):
+        assert draw.pool not in {d.pool for d in draws[before:before + 3]}
+    assert {d.variant for d in draws} == set(VARIANTS)
+    assert {d.pool for d in draws} == set(range(POOLS))
+    assert min(d.m for d in draws) == 1 and max(d.m for d in draws) == 96
+    assert {d.variant for d in draw_calls(random.Random(5), 500, 8, 264)} == {"plain", "finalize", "residual"}
+
+
+@pytest.mark.parametrize("m", [1, 31, 127, 128, 129, 200])
+def test_the_scales_of_m_rows_are_the_capacity_scales_zeroed_past_row_m(m):
+    """The one-GPU checker compares a call's scales with the reference's at capacity rows, zero
+    where a byte belongs to row M or past: the swizzled layout of M rows must be that prefix."""
+    capacity, hidden = 200, 256
+    generator = torch.Generator().manual_seed(m)
+    layer = (torch.randn((capacity, hidden), generator=generator) * 4).to(torch.bfloat16)
+    full = mxfp8_quantize_reference(layer)[1]
+    size = mxfp8_scale_bytes(m, hidden)
+    rows = scale_rows(capacity, hidden, "cpu")
+    expected = torch.where(rows[:size] < m, full[:size], torch.zeros_like(full[:size]))
+    assert torch.equal(mxfp8_quantize_reference(layer[:m])[1], expected)
+
+
+def _interpreted_check(out, ref, row_of, m, counts, first, call_id):
+    from lamport_mhc.check_kernel import BLOCK, POISON, _check_and_poison
+    from kernels_triton.interpret import launch_interpreted
+
+    dtype = torch.uint8 if row_of is not None else torch.int32
+    words, ref_words = out.view(-1).view(dtype), ref.view(-1).view(dtype)
+    launch_interpreted(_check_and_poison, (-(-words.numel() // BLOCK),), words, ref_words,
+                       words if row_of is None else row_of, words.numel(), m, counts, first, call_id,
+                       POISON_VALUE=POISON[dtype], BY_ROW=row_of is not None, BLOCK=BLOCK)
+
+
+def test_the_device_checker_counts_wrong_words_keeps_the_first_call_and_poisons():
+    ref = torch.randn(3000).to(torch.bfloat16)
+    counts, first = torch.zeros(1, dtype=torch.int64), torch.full((1,), 1 << 62, dtype=torch.int64)
+    out = ref.clone()
+    _interpreted_check(out, ref, None, 1, counts, first, 7)
+    assert counts.item() == 0 and first.item() == 1 << 62
+    assert bool((out.view(torch.uint8) == 0xA5).all())  # poisoned for the next call
+    out = ref.clone()
+    out.view(torch.int16)[[4, 5, 2999]] ^= 1  # one bit in three values, two of one word
+    _interpreted_check(out, ref, None, 1, counts, first, 9)
+    _interpreted_check(ref.clone(), ref, None, 1, counts, first, 3)
+    assert counts.item() == 2 and first.item() == 9
+    # Scales: bytes of rows past M must be zero, whatever the reference held there.
+    scales = torch.randint(1, 255, (2048,), dtype=torch.uint8)
+    rows = scale_rows(200, 256, "cpu")
+    out = torch.where(rows < 100, scales, torch.zeros_like(scales))
+    counts.zero_()
+    _interpreted_check(out, scales, rows, 100, counts, first, 11)
+    assert counts.item() == 0
+    out = scales.clone()  # rows 100..199 not zeroed
+    _interpreted_check(out, scales, rows, 100, counts, first, 12)
+    assert counts.item() == int((rows >= 100).sum())
+
+
+def test_residency_keeps_the_worst_waiting_share_and_refuses_past_it():
+    resident = {"consumer_ll_plain": 264, "owner_reduce_bt": 528, "publish_bt": 132}
+    residency = Residency(132, lambda backend, name: resident[name])
+    residency.settle([("triton", "publish_bt", 500), ("triton", "owner_reduce_bt", 132)])
+    assert residency.worst == pytest.approx(0.25)  # a publish waits for no one
+    residency.settle([("cute", "consumer_ll_plain", 66)])
+    assert residency.worst == pytest.approx(0.25)
+    group = SimpleNamespace(tp=3, sms=132, residency=residency)
+    ConcurrentGroup.check_residency(group)  # 0.75 of the GPU: just fits
+    group.tp = 4
+    with pytest.raises(ResidencyError, match="owner_reduce_bt: 132 programs, 528 resident"):
+        ConcurrentGroup.check_residency(group)
+    assert 4 * 0.25 > RESIDENT_SHARE >= 3 * 0.25
