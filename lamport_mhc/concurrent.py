@@ -27,9 +27,8 @@ construction:
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -321,9 +320,3 @@ class ConcurrentGroup:
 
 class ResidencyError(RuntimeError):
     """A shape whose ranks' waiting programs could not all be resident on the one GPU at once."""
-
-
-def random_order(tp: int, rng: random.Random) -> list[int]:
-    order = list(range(tp))
-    rng.shuffle(order)
-    return order

@@ -48,6 +48,7 @@ def _kind(argument):
 
 def _build(monkeypatch, tp, **kwargs):
     monkeypatch.setattr(launcher.cute, "compile", Recorder)
+    monkeypatch.setattr(launcher, "_COMPILED", {})  # a Recorder per build, not one compiled earlier
     monkeypatch.setattr(launcher, "one_kernel_rows", lambda spec, device: spec.ll_one_kernel_rows)
     monkeypatch.setattr(launcher, "current_stream", lambda: launcher.cuda.CUstream(0))
     spec = BuildSpec(hidden=H, hc=HC, capacity=CAPACITY, top_k=TOP_K, tp=tp, rank=0, quantize=True,

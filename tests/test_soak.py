@@ -12,7 +12,8 @@ import torch
 from lamport_mhc.__main__ import main
 from lamport_mhc.concurrent import RESIDENT_SHARE, ConcurrentGroup, Residency, ResidencyError
 from lamport_mhc.mxfp8 import mxfp8_quantize_reference, mxfp8_scale_bytes
-from lamport_mhc.soak import CSV_COLUMNS, POOLS, VARIANTS, draw_calls, scale_rows
+from lamport_mhc.soak import CSV_COLUMNS
+from lamport_mhc.soak_calls import POOLS, VARIANTS, draw_calls, scale_rows
 
 
 def test_soak_on_a_cpu_runs_every_variant_through_the_simulated_group(tmp_path, capsys):

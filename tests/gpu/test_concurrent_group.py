@@ -52,7 +52,8 @@ def test_ranks_at_once_across_backends(backend, tp, hidden):
 
 def _missing_peer_body(rank, world, backend, timeout_ms):
     from lamport_mhc.concurrent import ConcurrentGroup, RankCall
-    from lamport_mhc.soak import Draw, Pool, RankBuffers, rank_call, soak_one_gpu
+    from lamport_mhc.soak import soak_one_gpu
+    from lamport_mhc.soak_calls import Draw, Pool, RankBuffers, rank_call
 
     tp, hidden, capacity, absent = 4, 1408, 64, 2
     group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend, bt_min_rows=32,
