@@ -268,26 +268,32 @@ class ConcurrentGroup:
 
     def explain_timeout(self, rank: int, source: int, generation: int, token: int) -> str:
         """What the slot a timed-out poll waited for holds now: still the sentinel (the store never
-        came, or it was re-armed away), or the data (the poll missed it); and every rank's state."""
+        came, or it was re-armed away), or the data (the poll missed it); and every rank's state.
+        The record does not say which protocol waited: for a source's contribution both its LL slot
+        and (where this rank owns the token) its BT slot are shown."""
         ws = self.workspaces[rank]
-        if source >= 0:  # an LL consumer or a BT owner reduce, waiting for ``source``'s contribution
-            owner = token % self.tp
-            bt = ws.bt is not None and owner == rank and ws.bt_state is not None and \
-                int(ws.bt_state[layout.STATE_ACTIVE]) == generation and self._bt_pending(ws, source, generation, token)
-            slot = ws.bt.local[generation, source, token // self.tp] if bt else ws.ll.local[generation, source, token]
-            where = f"{'bt' if bt else 'll'}[{generation}][{source}][{token // self.tp if bt else token}]"
-        else:
-            slot, where = ws.bt_sums.local[generation, token], f"bt_sums[{generation}][{token}]"
-        sentinels = int((slot == layout.SENTINEL_INT16).sum())
-        holds = ("the sentinel in every lane: the store never landed (or was re-armed away)"
-                 if sentinels == slot.numel() else
-                 f"data ({slot.numel() - sentinels} of {slot.numel()} lanes written): the poll missed it"
-                 if sentinels == 0 else f"{sentinels} of {slot.numel()} lanes still the sentinel: a partial store")
+        if source < 0:  # a BT consumer, waiting for the owner's sum
+            slots = {f"bt_sums[{generation}][{token}]": ws.bt_sums.local[generation, token]}
+        else:  # an LL consumer or a BT owner reduce, waiting for ``source``'s contribution
+            slots = {f"ll[{generation}][{source}][{token}]": ws.ll.local[generation, source, token]}
+            if ws.bt is not None and token % self.tp == rank:
+                row = token // self.tp
+                slots[f"bt[{generation}][{source}][{row}]"] = ws.bt.local[generation, source, row]
+        held = "; ".join(f"{where} holds {self._slot_state(slot)}" for where, slot in slots.items())
         states = "; ".join(f"rank {r} ll {w.ll_state.tolist()}" + (f" bt {w.bt_state.tolist()}" if w.bt_state is not None
                                                                       else "") for r, w in enumerate(self.workspaces))
         return (f"rank {rank}: spin timeout waiting for "
                 f"{'the owners sum' if source < 0 else f'rank {source}'} at token {token} of generation "
-                f"{generation}; {where} holds {holds}. States [next, active, arrived]: {states}")
+                f"{generation}; {held}. States [next, active, arrived]: {states}")
+
+    @staticmethod
+    def _slot_state(slot: torch.Tensor) -> str:
+        sentinels = int((slot == layout.SENTINEL_INT16).sum())
+        if sentinels == slot.numel():
+            return "the sentinel in every lane (the store never landed, or was re-armed away)"
+        if sentinels == 0:
+            return "data in every lane (the poll missed it, or a later store came)"
+        return f"the sentinel in {sentinels} of {slot.numel()} lanes (a partial store)"
 
     def describe_progress(self) -> str:
         """Per rank: eager calls issued by the host, and the last of them whose kernels had started
@@ -300,10 +306,6 @@ class ConcurrentGroup:
             finished = max((n for n, _, f in kept if f.query()), default=-1)
             parts.append(f"rank {rank} {self.issued[rank]} / {started + 1} / {finished + 1}")
         return ", ".join(parts)
-
-    @staticmethod
-    def _bt_pending(ws, source, generation, token) -> bool:
-        return bool((ws.bt.local[generation, source, token // ws.tp] == layout.SENTINEL_INT16).any())
 
     # -- residency -----------------------------------------------------------------------------------
     def check_residency(self) -> None:
