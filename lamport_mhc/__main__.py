@@ -171,7 +171,8 @@ def _soak(args) -> int:
         result = soak.soak_one_gpu(args.tp, args.calls, args.backend, args.hidden or 5120, graphs=args.graphs,
                                    seed=args.seed, capacity=args.capacity, spin_timeout_ms=args.spin_timeout_ms,
                                    bt_min_rows=args.bt_min_rows, ll_one_kernel_rows=args.one_kernel_rows,
-                                   split_rows=args.split_rows, host_gc=args.host_gc)
+                                   split_rows=args.split_rows, host_gc=args.host_gc, max_lead=args.max_lead,
+                                   delayed_share=args.delayed_share)
         report = True
     else:
         if args.backend not in ("triton", "auto"):
@@ -194,6 +195,8 @@ def _soak(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import soak as soak_defaults
+
     parser = argparse.ArgumentParser(prog="python -m lamport_mhc", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -276,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--host-gc", action="store_true",
                       help="one GPU: leave Python's collector on while the ranks run (its pauses stall every rank's "
                            "issue; for diagnosis)")
+    soak.add_argument("--max-lead", type=int, default=soak_defaults.MAX_LEAD,
+                      help="one GPU: calls the host may issue for a rank ahead of the slowest (1: call by call)")
+    soak.add_argument("--delayed-share", type=float, default=soak_defaults.DELAYED_SHARE,
+                      help="one GPU: of the eager rank-calls, those delayed on the device first (0: none)")
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--spin-timeout-ms", type=float, default=2000.0)
     soak.add_argument("--out", default=None, help="append one CSV row (gpu, where, backend, tp, hidden, calls, "

@@ -105,9 +105,11 @@ def emulated_rows(tp: int) -> tuple[int, int, int]:
 def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool, seed: int = 0,
                  capacity: int | None = None, spin_timeout_ms: float = 2000.0, bt_min_rows: int | None = None,
                  ll_one_kernel_rows: int | None = None, split_rows: int | None = None, host_gc: bool = False,
-                 log=print) -> SoakResult:
+                 max_lead: int = MAX_LEAD, delayed_share: float = DELAYED_SHARE, log=print) -> SoakResult:
     from .concurrent import ConcurrentGroup, RankCall
 
+    if not 1 <= max_lead < HOST_AHEAD:
+        raise ValueError(f"max_lead must lie in [1, {HOST_AHEAD}), got {max_lead}")
     started = time.monotonic()
     default_capacity, default_split_rows, one_kernel_rows = emulated_rows(tp)
     capacity = capacity or default_capacity
@@ -163,10 +165,10 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
         # Host issue order with drift: each step advances a random rank, at most MAX_LEAD calls ahead.
         issued = [0] * tp
         while min(issued) < len(draws) and not (sum(issued) % 64 == 0 and watch.timed_out()):
-            rank = rng.choice([r for r in range(tp) if issued[r] < len(draws) and issued[r] < min(issued) + MAX_LEAD])
+            rank = rng.choice([r for r in range(tp) if issued[r] < len(draws) and issued[r] < min(issued) + max_lead])
             k = issued[rank]
             call, check = prepared(draws[k], rank)
-            delay = rng.uniform(0, MAX_DELAY_US) if rng.random() < DELAYED_SHARE else 0.0
+            delay = rng.uniform(0, MAX_DELAY_US) if rng.random() < delayed_share else 0.0
             ahead.wait(rank, k)
             gaps.issued(rank, k)
             group.issue(rank, RankCall(call, delay, rng.choice(group.backends) if mixed else None))
