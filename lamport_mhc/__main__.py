@@ -160,11 +160,17 @@ def _soak(args) -> int:
             print("--backend mixed is for the one-GPU group (AllReduceMHC builds triton, cute or auto)",
                   file=sys.stderr)
             return 2
+        if args.graphs and not torch.cuda.is_available():
+            print("--graphs needs GPUs (CUDA graphs)", file=sys.stderr)
+            return 2
         result = soak.soak_gpus(args.calls, args.backend, args.hidden or 5120, graphs=args.graphs, seed=args.seed,
                                 capacity=args.capacity or 1024, spin_timeout_ms=args.spin_timeout_ms)
         import torch.distributed as dist
         report = dist.get_rank() == 0
     elif torch.cuda.is_available():
+        if args.backend == "torch":
+            print("the one-GPU group runs the fused backends; --backend torch runs under torchrun", file=sys.stderr)
+            return 2
         if args.tp < 2:
             print("the one-GPU group emulates tp >= 2 ranks (a group of one has no mailbox to soak)", file=sys.stderr)
             return 2
@@ -268,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--calls", type=int, required=True)
     soak.add_argument("--graphs", action="store_true",
                       help="most calls from CUDA graphs each rank captured (of 5 and of 6 calls), replayed with skew")
-    soak.add_argument("--backend", default="auto", choices=("auto", "triton", "cute", "mixed"),
-                      help="mixed (one GPU): every rank-call on a backend drawn at random")
+    soak.add_argument("--backend", default="auto", choices=("auto", "triton", "cute", "torch", "mixed"),
+                      help="mixed (one GPU): every rank-call on a backend drawn at random; torch: the unfused "
+                           "path (torchrun)")
     soak.add_argument("--hidden", type=int, default=None, help="default: 5120 on GPUs, 256 simulated")
     soak.add_argument("--capacity", type=int, default=None,
                       help="max_num_tokens; calls draw M from 1 to it (default: what the emulated ranks keep resident)")

@@ -315,7 +315,8 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
 def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int = 0, capacity: int = 1024,
               spin_timeout_ms: float = 2000.0, log=print) -> SoakResult:
     """Every rank of the torchrun group builds ``AllReduceMHC`` and issues the same calls (drawn
-    from ``seed``), each rank with its own delays; counts are summed over the ranks."""
+    from ``seed``), each rank with its own delays; counts are summed over the ranks. Without GPUs
+    the ranks are CPU processes on gloo (the torch backend; no delays, no graphs)."""
     import torch.distributed as dist
 
     from .api import AllReduceMHC
@@ -323,13 +324,20 @@ def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int 
     from .config import AllReduceMHCConfig
 
     started = time.monotonic()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
+    on_gpu = torch.cuda.is_available()
+    if graphs and not on_gpu:
+        raise ValueError("CUDA graphs need GPUs")
+    if on_gpu:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl")
+        dist.init_process_group("nccl" if on_gpu else "gloo")
     tp, rank = dist.get_world_size(), dist.get_rank()
-    result = SoakResult("gpus", backend, tp, hidden, gpu=torch.cuda.get_device_name(device))
+    result = SoakResult("gpus" if on_gpu else "processes", backend, tp, hidden,
+                        gpu=torch.cuda.get_device_name(device) if on_gpu else "cpu")
     quant = hidden % layout.HIDDEN_MULTIPLE_MXFP8 == 0
     op = AllReduceMHC(hidden, 4, capacity, 6, device, quantize_layer_input=quant, residual_only=True,
                       config=AllReduceMHCConfig(backend=backend, spin_timeout_ms=spin_timeout_ms))
@@ -351,7 +359,7 @@ def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int 
         checker.check(rank, call_id, draw.m, (residual_out, layer, outputs[2]), expected)
 
     def delay() -> None:
-        if own_rng.random() < DELAYED_SHARE:
+        if own_rng.random() < DELAYED_SHARE and on_gpu:
             torch.cuda._sleep(int(own_rng.uniform(0, MAX_DELAY_US) * CYCLES_PER_US))
 
     eager = calls if not graphs else max(calls // 4, 1)
@@ -380,7 +388,8 @@ def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int 
         op.check()
     except RuntimeError as error:
         result.timeouts, result.messages = 1, [str(error)]
-    torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.synchronize()
     mismatches, messages = checker.read()
     totals = torch.tensor([mismatches, result.timeouts, checker.compared], dtype=torch.int64, device=device)
     dist.all_reduce(totals)

@@ -30,7 +30,7 @@ def test_soak_on_a_cpu_runs_every_variant_through_the_simulated_group(tmp_path, 
             for r in rows] == [("simulated", "triton", "3", "256", "30", "0", "0")]
 
 
-@pytest.mark.parametrize("args", [["--graphs"], ["--backend", "cute"], ["--backend", "mixed"]])
+@pytest.mark.parametrize("args", [["--graphs"], ["--backend", "cute"], ["--backend", "mixed"], ["--backend", "torch"]])
 def test_soak_on_a_cpu_refuses_what_needs_a_gpu(args, capsys):
     assert main(["soak", "--tp", "2", "--hidden", "256", "--calls", "1", *args]) == 2
     assert "GPU" in capsys.readouterr().err
@@ -108,3 +108,20 @@ def test_residency_keeps_the_worst_waiting_share_and_refuses_past_it():
     with pytest.raises(ResidencyError, match="owner_reduce_bt: 132 programs, 528 resident"):
         ConcurrentGroup.check_residency(group)
     assert 4 * 0.25 > RESIDENT_SHARE >= 3 * 0.25
+
+
+def _torchrun_body(rank, world):
+    from lamport_mhc.soak import soak_gpus
+
+    result = soak_gpus(12, "torch", 256, graphs=False, seed=4, capacity=16)
+    return result.where, result.calls, result.outputs_compared, result.mismatches, result.timeouts
+
+
+def test_soak_under_torchrun_runs_the_real_group_on_cpu_ranks():
+    """What ``torchrun -m lamport_mhc soak`` runs, on two gloo processes (the torch backend): every
+    rank's outputs checked, the counts summed over the ranks."""
+    from gpu.harness import run_ranks
+
+    for where, calls, compared, mismatches, timeouts in run_ranks(_torchrun_body, 2, backend="gloo", timeout_s=300):
+        assert (where, calls, mismatches, timeouts) == ("processes", 12, 0, 0)
+        assert compared >= 2 * 12 * 2
