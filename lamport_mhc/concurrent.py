@@ -18,11 +18,11 @@ construction:
   its own (``rank_streams``), and a group needs ``tp`` queues to spare;
 - a kernel's first (lazy) module load waits for the GPU to go idle, which never happens while a
   rank spins: ``load_modules`` loads every compiled kernel before any rank runs, and the caller
-  warms every form up in protocol order (``warm_up``) before the ranks run at once;
+  runs every form once in protocol order (``run_in_protocol_order``) before the ranks run at once;
 - all ranks' waiting kernels share the SMs: ``Residency`` records what every call launches and
-  refuses, with the reason, a build whose waiting programs could not all be resident together
-  (a timeout would then say nothing about the protocol). The largest LL one-kernel call is chosen
-  so that its programs fit.
+  ``check_residency`` refuses, with the reason, a build whose waiting programs could not all be
+  resident together (a timeout would then say nothing about the protocol).
+The soak (``lamport_mhc.soak``) adds what the one host thread that issues every rank's calls needs.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def rank_streams(tp: int, device: torch.device) -> list[torch.cuda.ExternalStrea
 
     connections = int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", DEFAULT_CONNECTIONS))
     if tp >= connections:
-        raise ResidencyError(
+        raise EmulationError(
             f"{tp} emulated ranks need a hardware queue each and one for the rest of the process, but "
             f"CUDA_DEVICE_MAX_CONNECTIONS is {connections}: set it to {CONNECTIONS} before CUDA starts "
             f"(python -m lamport_mhc soak does)")
@@ -309,16 +309,17 @@ class ConcurrentGroup:
 
     # -- residency -----------------------------------------------------------------------------------
     def check_residency(self) -> None:
-        """Raise ``ResidencyError`` unless the worst rank-call issued so far, made by all ranks at
+        """Raise ``EmulationError`` unless the worst rank-call issued so far, made by all ranks at
         once, leaves its waiting programs room to be resident together (and a publish room to run)."""
         worst = self.residency.worst
         if self.tp * worst > RESIDENT_SHARE:
-            raise ResidencyError(
+            raise EmulationError(
                 f"tp={self.tp} ranks on one GPU of {self.sms} SMs: one rank's waiting programs take {worst:.2f} of "
                 f"it ({'; '.join(self.residency.worst_launches)}), all ranks' {self.tp * worst:.2f}, past the "
                 f"{RESIDENT_SHARE} they may take; a timeout would say nothing about the protocol. Lower "
                 f"max_num_tokens or the LL one-kernel rows, or emulate fewer ranks.")
 
 
-class ResidencyError(RuntimeError):
-    """A shape whose ranks' waiting programs could not all be resident on the one GPU at once."""
+class EmulationError(RuntimeError):
+    """A group one GPU cannot emulate faithfully: its ranks' streams would share hardware queues,
+    or their waiting programs could not all be resident at once."""

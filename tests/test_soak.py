@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lamport_mhc.__main__ import main
-from lamport_mhc.concurrent import RESIDENT_SHARE, ConcurrentGroup, Residency, ResidencyError
+from lamport_mhc.concurrent import RESIDENT_SHARE, ConcurrentGroup, EmulationError, Residency
 from lamport_mhc.mxfp8 import mxfp8_quantize_reference, mxfp8_scale_bytes
 from lamport_mhc.soak import CSV_COLUMNS
 from lamport_mhc.soak_calls import POOLS, VARIANTS, draw_calls, scale_rows
@@ -105,7 +105,7 @@ def test_residency_keeps_the_worst_waiting_share_and_refuses_past_it():
     group = SimpleNamespace(tp=3, sms=132, residency=residency)
     ConcurrentGroup.check_residency(group)  # 0.75 of the GPU: just fits
     group.tp = 4
-    with pytest.raises(ResidencyError, match="owner_reduce_bt: 132 programs, 528 resident"):
+    with pytest.raises(EmulationError, match="owner_reduce_bt: 132 programs, 528 resident"):
         ConcurrentGroup.check_residency(group)
     assert 4 * 0.25 > RESIDENT_SHARE >= 3 * 0.25
 
