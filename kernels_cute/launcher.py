@@ -194,7 +194,7 @@ class CuteKernels:
         self._launch("owner_reduce_bt", mailbox=ws.bt.local, sums_table=ws.bt_sums.peers,
                      sums_multicast_address=ws.bt_sums.multicast, state=ws.bt_state, error=ws.error,
                      num_tokens=m, timeout_ns=self.spec.spin_timeout_ns, slots=self.spec.owner_capacity,
-                     capacity=self.spec.capacity)
+                     capacity=self.spec.rows("bt"))
 
     def form(self, m: int) -> str:
         """The name prefix of the consumer form a call of ``m`` rows takes ("" is the cluster form)."""
@@ -239,4 +239,4 @@ class CuteKernels:
                     residual_out=args.residual_out, layer_out=args.layer_input, values=args.mxfp8_values,
                     scales=args.mxfp8_scales, state=ws.state(protocol), error=ws.error, eps=float(args.norm_eps),
                     num_tokens=args.residual.shape[0], timeout_ns=self.spec.spin_timeout_ns,
-                    capacity=self.spec.capacity)
+                    capacity=self.spec.rows(protocol))

@@ -256,7 +256,7 @@ class TritonKernels:
         ws, spec = self.workspace, self.spec
         self._launch("owner_reduce_bt", (max(1, -(-m // spec.tp)), self.chunks), ws.bt.local, ws.bt_sums.peers,
                      ws.bt_sums.multicast, ws.bt_state, ws.error, m, self.spec.spin_timeout_ns, spec.owner_capacity,
-                     spec.capacity)
+                     spec.rows("bt"))
 
     def consume(self, protocol: str, args: ConsumerArgs) -> None:
         i16, f32, i32 = self._unused[torch.int16], self._unused[torch.float32], self._unused[torch.int32]
@@ -301,5 +301,5 @@ class TritonKernels:
                 i16 if residual_only else args.layer_input.view(torch.int16),
                 u8 if args.mxfp8_values is None else args.mxfp8_values.view(torch.uint8),
                 u8 if args.mxfp8_scales is None else args.mxfp8_scales, ws.state(protocol), ws.error,
-                float(args.norm_eps), args.residual.shape[0], self.spec.spin_timeout_ns, self.spec.capacity,
+                float(args.norm_eps), args.residual.shape[0], self.spec.spin_timeout_ns, self.spec.rows(protocol),
                 self.parked_roots]

@@ -7,12 +7,15 @@ import sys
 
 
 def _info(args) -> int:
+    from dataclasses import replace
+
     import torch
 
     from . import presets
     from .backend import BuildSpec
     from .machine import describe, probe
-    from .selector import support_table
+    from .selector import Thresholds, mailbox_rows, support_table
+    from .workspace import mailbox_bytes, mailbox_shapes
 
     info = probe()
     for line in describe(info):
@@ -32,6 +35,13 @@ def _info(args) -> int:
         return "never" if n >= presets.NEVER else f"{n} rows"
     print(f"LL -> BT from {rows(preset.bt_min_rows)} (finalize {rows(preset.bt_min_finalize_rows)}); "
           f"auto prefers {', '.join(preset.backends)}; source: {preset.source}")
+    sized = replace(spec, **mailbox_rows(spec.tp, spec.capacity, Thresholds(preset.bt_min_rows,
+                                                                             preset.bt_min_finalize_rows),
+                                         args.chunk_rows))
+    shapes = ", ".join(f"{name} {list(shape)}" for name, shape in mailbox_shapes(sized).items()) or "none"
+    print(f"mailboxes (bf16; calls of more than {sized.chunk_rows} rows go in parts): {shapes}; every "
+          f"boundary of the group shares them")
+    print(f"mailbox memory per GPU: {mailbox_bytes(sized) / 2**20:.1f} MiB")
     for variant, ranges in preset.routes.items():
         print(f"  auto {variant:8s} " + ", ".join(f"M <= {up_to}: {backend}" for up_to, backend in ranges[:-1])
               + (", " if len(ranges) > 1 else "") + f"beyond: {ranges[-1][1]}")
@@ -212,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--top-k", type=int, default=6)
     info.add_argument("--capacity", type=int, default=2048)
     info.add_argument("--tp", type=int, default=None, help="group size (default: the GPUs here, at least 2)")
+    info.add_argument("--chunk-rows", type=int, default=None,
+                      help="the most rows one protocol round takes (default: AllReduceMHCConfig's)")
     info.set_defaults(run=_info)
 
     demo = commands.add_parser("demo", help="run the op against the CPU reference and print a table "

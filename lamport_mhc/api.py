@@ -13,7 +13,7 @@ from .backend import BuildSpec, load_backend
 from .call import Call
 from .config import AllReduceMHCConfig
 from .paths import FusedPath, TorchPath
-from .selector import Thresholds, choose_protocol, cross_check, pick_backends, support_table
+from .selector import Thresholds, choose_protocol, cross_check, mailbox_rows, pick_backends, support_table
 from .workspace import allocate
 
 
@@ -38,7 +38,8 @@ class AllReduceMHC:
 
     def __init__(self, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int, device, *,
                  group=None, quantize_layer_input: bool = False, residual_only: bool = False,
-                 config: AllReduceMHCConfig | None = None, apply_environment: bool = True):
+                 config: AllReduceMHCConfig | None = None, apply_environment: bool = True,
+                 share_workspace_with: AllReduceMHC | None = None):
         import torch.distributed as dist
 
         config = config or AllReduceMHCConfig()
@@ -58,13 +59,21 @@ class AllReduceMHC:
         self.preset = presets.lookup(presets.gpu_family(capability), tp, hidden_size, self.config.presets_file)
         self.thresholds = Thresholds(self.config.bt_min_rows or self.preset.bt_min_rows,
                                      self.config.bt_min_finalize_rows or self.preset.bt_min_finalize_rows)
+        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, self.config.chunk_rows)
         self.spec = BuildSpec(
             hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=rank,
-            quantize=quantize_layer_input, residual_only=residual_only,
-            bt=tp > 1 and self.thresholds.bt_reachable(max_num_tokens),
+            quantize=quantize_layer_input, residual_only=residual_only, **rows,
             use_pdl=self.config.use_pdl, spin_timeout_ns=self.config.spin_timeout_ns,
-            ll_one_kernel_rows=self._ll_one_kernel_rows(max_num_tokens))
+            ll_one_kernel_rows=self._ll_one_kernel_rows(rows.get("ll_rows") or max_num_tokens))
 
+        # share_workspace_with: another instance of this group whose calls this one's interleave with
+        # in one stream order on every rank (the attention and MoE boundaries of a model): one set of
+        # mailboxes and generation words for both.
+        self._shared = share_workspace_with
+        if share_workspace_with is not None:
+            reason = self.sharing_refused(share_workspace_with)
+            if reason is not None:
+                raise ValueError(f"cannot share the workspace of {share_workspace_with!r}: {reason}")
         # One backend, or (auto, where the preset routes M ranges to several) each call on its own.
         self.backends = self._agree_on_backends(self.config.backend)
         self.backend = "+".join(self.backends)
@@ -100,10 +109,32 @@ class AllReduceMHC:
             raise RuntimeError(f"backend {requested!r} cannot run here: {self.support[requested].reason}")
         return pick_backends(requested, self.preset, supported)
 
+    def sharing_refused(self, other) -> str | None:
+        """Why this instance may not use ``other``'s workspace (None: it may). Sharing needs the same
+        process group, device, hidden size and mailbox rows (thresholds and chunk_rows alike)."""
+        if not isinstance(other, AllReduceMHC):
+            return f"it is a {type(other).__name__}, not an AllReduceMHC"
+        if not isinstance(other.path, FusedPath):
+            return "it runs the torch path, which has no workspace"
+        if other.group is not self.group:
+            return "it belongs to another process group"
+        if other.device != self.device:
+            return f"it is on {other.device}, this one on {self.device}"
+        fields = ("hidden", "tp", "bt", "ll_rows", "bt_rows")
+        theirs, mine = ({f: getattr(spec, f) for f in fields} for spec in (other.spec, self.spec))
+        if theirs != mine:
+            return f"its mailboxes are {theirs}, this build needs {mine}"
+        if self.config.transport not in ("auto", other.transport):
+            return f"its transport is {other.transport}, this build asks for {self.config.transport}"
+        return None
+
     def _build_path(self, backends: tuple[str, ...]):
         if backends == ("torch",):
             return TorchPath(self.spec, self.group)
-        workspace = allocate(self.spec, self.group, self.device, self.config.transport)
+        if self._shared is not None and isinstance(self._shared.path, FusedPath):
+            workspace = self._shared.path.workspace
+        else:
+            workspace = allocate(self.spec, self.group, self.device, self.config.transport)
         spec = replace(self.spec, transport=workspace.transport)
         with self._on_device():
             kernels = {name: load_backend(name).build(spec, workspace) for name in backends}

@@ -55,14 +55,30 @@ class BuildSpec:
     # Triton's cooperative form, CuTe's cluster form);
     # None: the backend's own bound.
     split_rows: int | None = None
+    # Rows of the LL mailbox and of the BT sums (None: capacity): the most rows one call of that
+    # protocol takes. A larger call goes through in consecutive parts of at most ``chunk_rows``
+    # (``selector.mailbox_rows``).
+    ll_rows: int | None = None
+    bt_rows: int | None = None
+
+    def rows(self, protocol: str) -> int:
+        """Tokens per generation of the protocol's mailbox (LL: per source; BT: of the sums)."""
+        rows = self.bt_rows if protocol == "bt" else self.ll_rows
+        return self.capacity if rows is None else rows
 
     @property
     def owner_capacity(self) -> int:
-        return owner_capacity(self.capacity, self.tp)
+        """Rows of one source in an owner's BT mailbox."""
+        return owner_capacity(self.rows("bt"), self.tp)
 
     def slots(self, protocol: str) -> int:
         """Tokens per [generation][source] of the protocol's contribution mailbox."""
-        return self.owner_capacity if protocol == "bt" else self.capacity
+        return self.owner_capacity if protocol == "bt" else self.rows("ll")
+
+    @property
+    def chunk_rows(self) -> int:
+        """The most rows one protocol round takes; larger calls go through in parts of this many."""
+        return max(self.rows("ll"), self.rows("bt") if self.bt else 0)
 
     @property
     def protocols(self) -> tuple[str, ...]:

@@ -36,7 +36,7 @@ from . import layout, presets
 from .backend import BuildSpec, load_backend
 from .call import Call
 from .paths import FusedPath
-from .selector import Thresholds, pick_backends, support_table
+from .selector import Thresholds, check_chunk_rows, mailbox_rows, pick_backends, support_table
 from .workspace import allocate_host_group
 
 # Backends a concurrent group runs: one of them, "auto" (the preset's routes, as AllReduceMHC
@@ -136,7 +136,7 @@ class ConcurrentGroup:
 
     def __init__(self, tp: int, *, hidden_size: int, max_num_tokens: int, hc_mult: int = 4, top_k: int = 6,
                  backend: str = "triton", bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
-                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None,
+                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None, chunk_rows: int | None = None,
                  spin_timeout_ms: float = 2000.0, device=None):
         if not torch.cuda.is_available():
             raise RuntimeError("a concurrent group runs on a CUDA GPU (on a CPU, SimulatedGroup runs protocol order)")
@@ -151,10 +151,14 @@ class ConcurrentGroup:
         self.sms = properties.multi_processor_count
         preset = presets.lookup(presets.gpu_family(torch.cuda.get_device_capability(self.device)), tp, hidden_size)
         self.thresholds = Thresholds(bt_min_rows or preset.bt_min_rows, bt_min_finalize_rows or preset.bt_min_finalize_rows)
+        quantize = hidden_size % layout.HIDDEN_MULTIPLE_MXFP8 == 0
+        if chunk_rows is not None:
+            check_chunk_rows(chunk_rows, quantize)
+        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, chunk_rows)
         base = BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=0,
-                         quantize=hidden_size % layout.HIDDEN_MULTIPLE_MXFP8 == 0, residual_only=True,
-                         bt=self.thresholds.bt_reachable(max_num_tokens), spin_timeout_ns=int(spin_timeout_ms * 1e6),
-                         ll_one_kernel_rows=self.sms if ll_one_kernel_rows is None else ll_one_kernel_rows,
+                         quantize=quantize, residual_only=True, **rows, spin_timeout_ns=int(spin_timeout_ms * 1e6),
+                         ll_one_kernel_rows=min(rows["ll_rows"], self.sms if ll_one_kernel_rows is None
+                                                else ll_one_kernel_rows),
                          split_rows=split_rows)
         supported = {name for name, answer in support_table(base, self.device).items() if answer.ok}
         if backend == "auto":
@@ -242,16 +246,17 @@ class ConcurrentGroup:
         "mixed" group's backend for every rank (default: its first)."""
         self._choice = [backend or self.backends[0]] * self.tp
         paths = self.paths
-        protocol = paths[0].protocol(calls[0])
-        if any(FusedPath._one_kernel(p.kernels[p.backend(c)], c, protocol) for p, c in zip(paths, calls)):
-            for rank, call in enumerate(calls):
-                self.issue(rank, RankCall(call, backend=self._choice[rank]))
-        else:
-            for step in ("publish", "reduce", "consume"):
-                for path, call in zip(paths, calls):
-                    getattr(path, step)(call, protocol)
-            self._settle(range(self.tp))
-        self.synchronize()
+        for parts in zip(*(path.parts(call) for path, call in zip(paths, calls))):
+            protocol = paths[0].protocol(parts[0])
+            if any(FusedPath._one_kernel(p.kernels[p.backend(c)], c, protocol) for p, c in zip(paths, parts)):
+                for rank, part in enumerate(parts):
+                    self.issue(rank, RankCall(part, backend=self._choice[rank]))
+            else:
+                for step in ("publish", "reduce", "consume"):
+                    for path, part in zip(paths, parts):
+                        getattr(path, step)(part, protocol)
+                self._settle(range(self.tp))
+            self.synchronize()
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

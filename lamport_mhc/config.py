@@ -38,6 +38,10 @@ class AllReduceMHCConfig:
     Ranks may differ: both forms write the same mailbox slots and advance the same generation.
     check_index_range: validate finalize's expert indices against the GEMM2 rows before launching
     (reads them on the host: a device synchronization per call, not allowed in graph capture).
+    chunk_rows: the most rows one protocol round takes (a multiple of 128, MXFP8's scale tiles):
+    a larger call goes through as consecutive parts of at most this many rows over the same
+    mailboxes, bit for bit what one call would give. The mailboxes are sized to it, not to
+    max_num_tokens (LL's to the rows below the BT thresholds). None: ``selector.CHUNK_ROWS``.
     presets_file: a presets file (``python -m lamport_mhc presets CSV --write PATH``) whose rows
     override the built-in presets; None: LAMPORT_MHC_PRESETS, else ~/.cache/lamport_mhc/presets.json
     where it exists (``lamport_mhc.presets``).
@@ -54,8 +58,13 @@ class AllReduceMHCConfig:
     check_index_range: bool = False
     ll_one_kernel_max_rows: int | None = None
     presets_file: str | os.PathLike | None = None
+    chunk_rows: int | None = None
 
     def __post_init__(self):
+        from .selector import check_chunk_rows
+
+        if self.chunk_rows is not None:
+            check_chunk_rows(self.chunk_rows, quantize=True)
         if self.backend not in BACKEND_CHOICES:
             raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {self.backend!r}")
         if self.cross_check_backend not in ALL_BACKENDS:

@@ -16,6 +16,7 @@ lists in and out, over ``SimulatedGroup``), for A/B tests of a whole model witho
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -80,6 +81,11 @@ def group_support(spec: BuildSpec, device: torch.device, group) -> dict[str, Sup
     return agreed
 
 
+# The first boundary built for each (group, device, hidden size, capacity, config): later ones share
+# its workspace (held weakly: a model that drops its boundaries frees the mailboxes).
+_WORKSPACE_OWNERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
 class MHCBoundary(torch.nn.Module):
     """One rank's boundary (one process per rank, collective construction over ``group``).
 
@@ -94,7 +100,8 @@ class MHCBoundary(torch.nn.Module):
 
     def __init__(self, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int, device, *,
                  backend: str = "auto", strict: bool = False, group=None, quantize_layer_input: bool = False,
-                 op_config: AllReduceMHCConfig | None = None, use_custom_op: bool = True):
+                 op_config: AllReduceMHCConfig | None = None, use_custom_op: bool = True,
+                 share_workspace: bool = True):
         super().__init__()
         import torch.distributed as dist
 
@@ -113,8 +120,20 @@ class MHCBoundary(torch.nn.Module):
             support = group_support(spec, device, group)
         resolved = resolve_backend(self.requested, support, strict=strict)
         config = replace(op_config or AllReduceMHCConfig(), backend=resolved)
-        self.op = AllReduceMHC(hidden_size, hc_mult, max_num_tokens, top_k, device, group=group,
-                               quantize_layer_input=quantize_layer_input, config=config, apply_environment=False)
+        # The boundaries of one model issue their calls in one stream order on every rank: by default
+        # they share one workspace (mailboxes and generation words), where their builds allow it.
+        key = (id(group), str(device), hidden_size, max_num_tokens, replace(config, backend="auto"))
+        owner = _WORKSPACE_OWNERS.get(key) if share_workspace and resolved in FUSED_BACKENDS else None
+        build = dict(group=group, quantize_layer_input=quantize_layer_input, config=config, apply_environment=False)
+        try:
+            self.op = AllReduceMHC(hidden_size, hc_mult, max_num_tokens, top_k, device, share_workspace_with=owner,
+                                   **build)
+        except ValueError as refusal:  # raised on every rank alike, before anything collective
+            if owner is None or "cannot share the workspace" not in str(refusal):
+                raise
+            self.op = AllReduceMHC(hidden_size, hc_mult, max_num_tokens, top_k, device, **build)
+        if share_workspace and owner is None and resolved in FUSED_BACKENDS:
+            _WORKSPACE_OWNERS[key] = self.op
         self.handle = ops.register(self.op)
         self.use_custom_op = use_custom_op
 

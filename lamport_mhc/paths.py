@@ -42,7 +42,16 @@ class FusedPath:
     def protocol(self, call: Call) -> str:
         return choose_protocol(call.kind, call.m, self.thresholds, self.spec.protocols)
 
+    def parts(self, call: Call) -> list[Call]:
+        """The protocol rounds of a call: consecutive row ranges of at most the mailboxes' rows, each
+        with the protocol of its own size (every rank splits a call alike)."""
+        return list(call.parts(self.spec.chunk_rows))
+
     def run(self, call: Call) -> None:
+        for part in self.parts(call):
+            self._run_part(part)
+
+    def _run_part(self, call: Call) -> None:
         protocol, kernels = self.protocol(call), self.kernels[self.backend(call)]
         if protocol == LOCAL:
             kernels.local(call)
@@ -55,7 +64,8 @@ class FusedPath:
             kernels.owner_reduce(call.m)
         self._consume(kernels, call, protocol)
 
-    # The steps one at a time, for the simulated group, which launches each across all ranks in turn.
+    # The steps of one part (``parts``) at a time, for the simulated group, which launches each
+    # across all ranks in turn.
     def publish(self, call: Call, protocol: str) -> None:
         if protocol != LOCAL:
             self._publish(self.kernels[self.backend(call)], call, protocol)

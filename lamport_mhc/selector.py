@@ -22,6 +22,37 @@ class Thresholds:
         return min(self.bt_min_rows, self.bt_min_finalize_rows) <= capacity
 
 
+# The most rows one protocol round takes unless configured (``AllReduceMHCConfig.chunk_rows``): the
+# BT mailboxes hold this many rows, whatever max_num_tokens is. At TP8, H 7168: 88 MiB of BT sums
+# and as much of BT contributions per GPU.
+CHUNK_ROWS = 2048
+
+
+def check_chunk_rows(rows, quantize: bool) -> None:
+    """A part of a chunked call must start on a 128-row tile of the MXFP8 scales."""
+    from .layout import SCALE_TILE_ROWS
+
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ValueError(f"chunk_rows must be a positive int, got {rows!r}")
+    if quantize and rows % SCALE_TILE_ROWS:
+        raise ValueError(f"chunk_rows must be a multiple of {SCALE_TILE_ROWS} (the MXFP8 scales' row tiles), got {rows}")
+
+
+def mailbox_rows(tp: int, capacity: int, thresholds: Thresholds, chunk_rows: int | None = None) -> dict:
+    """The ``BuildSpec`` fields that size a group's mailboxes: whether BT state exists, and the rows
+    one call of each protocol takes. Calls of more than ``chunk_rows`` rows go through in parts of
+    that many (``FusedPath.parts``), each taking the protocol of its own size: so BT never takes more
+    rows than a part, and LL never more than the largest BT threshold less one. A group of one has
+    no mailbox (and no parts)."""
+    if tp == 1:
+        return dict(bt=False)
+    chunk = min(capacity, chunk_rows or CHUNK_ROWS)
+    if not thresholds.bt_reachable(chunk):
+        return dict(bt=False, ll_rows=chunk, bt_rows=None)
+    largest_ll = max(thresholds.bt_min_rows, thresholds.bt_min_finalize_rows) - 1
+    return dict(bt=True, ll_rows=max(1, min(chunk, largest_ll)), bt_rows=chunk)
+
+
 def choose_protocol(kind: str, m: int, thresholds: Thresholds, protocols: tuple[str, ...]) -> str:
     """Of a build's ``protocols`` (``BuildSpec.protocols``): "local" for a group of one; else BT
     from the threshold of the call's kind on (when the build has BT state), else LL."""

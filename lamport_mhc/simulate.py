@@ -21,7 +21,7 @@ from .backend import BuildSpec, load_backend
 from .call import Call
 from .mxfp8 import mxfp8_scale_bytes
 from .paths import FusedPath, TorchPath
-from .selector import Thresholds
+from .selector import Thresholds, check_chunk_rows, mailbox_rows
 from .workspace import allocate_host_group
 
 SIMULATED_BACKENDS = ("triton", "torch")
@@ -33,7 +33,8 @@ class SimulatedGroup:
     def __init__(self, tp: int, *, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int,
                  backend: str = "triton", quantize_layer_input: bool = False, residual_only: bool = False,
                  bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
-                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None, device="cpu"):
+                 ll_one_kernel_rows: int | None = None, split_rows: int | None = None, chunk_rows: int | None = None,
+                 share_workspaces_with: SimulatedGroup | None = None, device="cpu"):
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tp must be a positive int, got {tp!r}")
         self.device = torch.device(device)
@@ -65,13 +66,29 @@ class SimulatedGroup:
         self.backend = backend
         if on_gpu:
             ll_one_kernel_rows = 0
+        # chunk_rows: calls of more rows go through in parts (AllReduceMHCConfig.chunk_rows).
+        if chunk_rows is not None:
+            check_chunk_rows(chunk_rows, quantize_layer_input)
+        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, chunk_rows)
+        largest_ll = rows.get("ll_rows") or max_num_tokens
         self.specs = [BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp,
-                                rank=rank, quantize=quantize_layer_input, residual_only=residual_only,
-                                bt=tp > 1 and self.thresholds.bt_reachable(max_num_tokens),
-                                ll_one_kernel_rows=max_num_tokens if ll_one_kernel_rows is None else ll_one_kernel_rows,
+                                rank=rank, quantize=quantize_layer_input, residual_only=residual_only, **rows,
+                                ll_one_kernel_rows=min(largest_ll, largest_ll if ll_one_kernel_rows is None
+                                                       else ll_one_kernel_rows),
                                 split_rows=split_rows, spin_timeout_ns=GPU_SPIN_TIMEOUT_NS if on_gpu else 0)
                       for rank in range(tp)]
-        self.workspaces = allocate_host_group(self.specs, self.device)
+        # share_workspaces_with: another group of the same ranks whose calls this one's interleave with
+        # (AllReduceMHC's share_workspace_with): one set of mailboxes and generation words.
+        if share_workspaces_with is not None:
+            fields = ("hidden", "tp", "bt", "ll_rows", "bt_rows")
+            theirs, mine = ({f: getattr(spec, f) for f in fields} for spec in (share_workspaces_with.specs[0],
+                                                                              self.specs[0]))
+            if theirs != mine or share_workspaces_with.device != self.device:
+                raise ValueError(f"cannot share the workspaces of a group with mailboxes {theirs} on "
+                                 f"{share_workspaces_with.device}: this one needs {mine} on {self.device}")
+            self.workspaces = share_workspaces_with.workspaces
+        else:
+            self.workspaces = allocate_host_group(self.specs, self.device)
         if backend == "torch":
             self.paths = None
         else:
@@ -127,14 +144,15 @@ class SimulatedGroup:
             for call in calls:
                 TorchPath.apply(contributions, call)
             return [call.outputs for call in calls]
-        protocol = self.paths[0].protocol(calls[0])
-        for step in ("publish", "reduce", "consume"):
-            for path, call in zip(self.paths, calls):
-                getattr(path, step)(call, protocol)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the timeout records are the kernels' to write
-            for path in self.paths:
-                path.raise_on_timeout()
+        for parts in zip(*(path.parts(call) for path, call in zip(self.paths, calls))):
+            protocol = self.paths[0].protocol(parts[0])
+            for step in ("publish", "reduce", "consume"):
+                for path, part in zip(self.paths, parts):
+                    getattr(path, step)(part, protocol)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # the timeout records are the kernels' to write
+                for path in self.paths:
+                    path.raise_on_timeout()
         return [call.outputs for call in calls]
 
     def generation_state(self) -> list[dict[str, list[int]]]:

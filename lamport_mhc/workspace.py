@@ -13,16 +13,17 @@ so a call may look at it while a CUDA graph is being captured, and it sees what 
 kernels recorded.
 
 Layouts (int16 views of bf16 slots, filled with the sentinel):
-- LL contributions  ``[3][tp][capacity][hidden]``, written by every rank;
-- BT contributions  ``[3][tp][ceil(capacity / tp)][hidden]``, written by the ranks to the owner;
-- BT sums           ``[3][capacity][hidden]``, written by the owners; shares BT's generation state.
+- LL contributions  ``[3][tp][ll_rows][hidden]``, written by every rank;
+- BT contributions  ``[3][tp][ceil(bt_rows / tp)][hidden]``, written by the ranks to the owner;
+- BT sums           ``[3][bt_rows][hidden]``, written by the owners; shares BT's generation state.
+(``BuildSpec.rows``: the most rows one call of the protocol takes; larger calls go in parts.)
 A group of one (the local form) has no mailbox at all: only the state and error words.
 """
 
 from __future__ import annotations
 
 import contextlib
-
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -131,13 +132,18 @@ def mapped_address(host: torch.Tensor) -> int:
 
 
 def mailbox_shapes(spec: BuildSpec) -> dict[str, tuple[int, ...]]:
-    g, tp, cap, h = layout.GENERATIONS, spec.tp, spec.capacity, spec.hidden
+    g, tp, h = layout.GENERATIONS, spec.tp, spec.hidden
     if tp == 1:
         return {}
-    shapes = {"ll": (g, tp, cap, h)}
+    shapes = {"ll": (g, tp, spec.rows("ll"), h)}
     if spec.bt:
-        shapes.update(bt=(g, tp, spec.owner_capacity, h), bt_sums=(g, cap, h))
+        shapes.update(bt=(g, tp, spec.owner_capacity, h), bt_sums=(g, spec.rows("bt"), h))
     return shapes
+
+
+def mailbox_bytes(spec: BuildSpec) -> int:
+    """Bytes of one rank's mailboxes (bf16 slots) for a build."""
+    return sum(2 * math.prod(shape) for shape in mailbox_shapes(spec).values())
 
 
 def _sentinel_filled(shape, device) -> torch.Tensor:
