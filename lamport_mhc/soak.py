@@ -44,6 +44,9 @@ MAX_LEAD = 3              # calls a rank's host issue may run ahead of the slowe
 # this many calls back cannot deadlock: every rank has issued it (MAX_LEAD < HOST_AHEAD).
 HOST_AHEAD = 16
 GRAPH_CALLS = (5, 6)      # calls per captured graph: odd and even, so replays start at every generation
+# Calls of more rows go through in parts (AllReduceMHCConfig.chunk_rows): the emulated groups whose
+# capacity passes it (tp = 2) cross part boundaries too.
+CHUNK_ROWS = 128
 CSV_COLUMNS = ("gpu", "where", "backend", "tp", "hidden", "calls", "graph_replays", "mismatches", "timeouts",
                "seconds")
 
@@ -120,7 +123,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend,
                             bt_min_rows=bt_min_rows, bt_min_finalize_rows=bt_min_rows,
                             ll_one_kernel_rows=one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows,
-                            split_rows=split_rows, spin_timeout_ms=spin_timeout_ms)
+                            split_rows=split_rows, chunk_rows=CHUNK_ROWS, spin_timeout_ms=spin_timeout_ms)
     hc, top_k = group.specs[0].hc, group.specs[0].top_k
     quant = group.specs[0].quantize
     pools = draw_pools(tp, capacity, hidden, hc, top_k, seed, device)
