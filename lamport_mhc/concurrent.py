@@ -137,7 +137,7 @@ class ConcurrentGroup:
     def __init__(self, tp: int, *, hidden_size: int, max_num_tokens: int, hc_mult: int = 4, top_k: int = 6,
                  backend: str = "triton", bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
                  ll_one_kernel_rows: int | None = None, split_rows: int | None = None, chunk_rows: int | None = None,
-                 spin_timeout_ms: float = 2000.0, device=None):
+                 spin_timeout_ms: float = 2000.0, pooled_streams: bool = False, device=None):
         if not torch.cuda.is_available():
             raise RuntimeError("a concurrent group runs on a CUDA GPU (on a CPU, SimulatedGroup runs protocol order)")
         if not isinstance(tp, int) or tp < 2:
@@ -183,7 +183,9 @@ class ConcurrentGroup:
                                         self._router(spec.rank, preset)))
         # The one-kernel bound every backend holds (each may lower the build's).
         self.ll_one_kernel_rows = min(k.spec.ll_one_kernel_rows for p in self.paths for k in p.kernels.values())
-        self.streams = rank_streams(tp, self.device)
+        # pooled_streams (diagnosis only): torch's pooled streams, which may share hardware queues.
+        self.streams = ([torch.cuda.Stream(self.device) for _ in range(tp)] if pooled_streams
+                        else rank_streams(tp, self.device))
         # Per rank: (host issue count, started event, finished event) of its latest rank-calls.
         self.issued = [0] * tp
         self.progress: list[list] = [[] for _ in range(tp)]

@@ -108,7 +108,8 @@ def emulated_rows(tp: int) -> tuple[int, int, int]:
 def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool, seed: int = 0,
                  capacity: int | None = None, spin_timeout_ms: float = 2000.0, bt_min_rows: int | None = None,
                  ll_one_kernel_rows: int | None = None, split_rows: int | None = None, host_gc: bool = False,
-                 max_lead: int = MAX_LEAD, delayed_share: float = DELAYED_SHARE, log=print) -> SoakResult:
+                 max_lead: int = MAX_LEAD, delayed_share: float = DELAYED_SHARE, pooled_streams: bool = False,
+                 log=print) -> SoakResult:
     from .concurrent import ConcurrentGroup, RankCall
 
     if not 1 <= max_lead < HOST_AHEAD:
@@ -123,7 +124,8 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend,
                             bt_min_rows=bt_min_rows, bt_min_finalize_rows=bt_min_rows,
                             ll_one_kernel_rows=one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows,
-                            split_rows=split_rows, chunk_rows=CHUNK_ROWS, spin_timeout_ms=spin_timeout_ms)
+                            split_rows=split_rows, chunk_rows=CHUNK_ROWS, spin_timeout_ms=spin_timeout_ms,
+                            pooled_streams=pooled_streams)
     hc, top_k = group.specs[0].hc, group.specs[0].top_k
     quant = group.specs[0].quantize
     pools = draw_pools(tp, capacity, hidden, hc, top_k, seed, device)
