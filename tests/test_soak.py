@@ -125,3 +125,18 @@ def test_soak_under_torchrun_runs_the_real_group_on_cpu_ranks():
     for where, calls, compared, mismatches, timeouts in run_ranks(_torchrun_body, 2, backend="gloo", timeout_s=300):
         assert (where, calls, mismatches, timeouts) == ("processes", 12, 0, 0)
         assert compared >= 2 * 12 * 2
+
+
+def test_protocol_order_cannot_see_polls_that_do_not_wait():
+    """The first half of the negative control: with LAMPORT_MHC_DEBUG_NO_WAIT=1 the simulated group
+    (protocol order: every slot written before it is polled) still passes; only ranks that run at
+    once fail it (tests/gpu/test_concurrent_group.py)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LAMPORT_MHC_DEBUG_NO_WAIT": "1"}
+    run = subprocess.run([sys.executable, "-m", "lamport_mhc", "soak", "--tp", "2", "--hidden", "256", "--calls", "6"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 mismatches, 0 timeouts" in run.stdout
