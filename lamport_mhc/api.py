@@ -59,7 +59,7 @@ class AllReduceMHC:
         self.preset = presets.lookup(presets.gpu_family(capability), tp, hidden_size, self.config.presets_file)
         self.thresholds = Thresholds(self.config.bt_min_rows or self.preset.bt_min_rows,
                                      self.config.bt_min_finalize_rows or self.preset.bt_min_finalize_rows)
-        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, self.config.chunk_rows)
+        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, self.config.chunk_rows, quantize_layer_input)
         self.spec = BuildSpec(
             hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=rank,
             quantize=quantize_layer_input, residual_only=residual_only, **rows,
@@ -120,8 +120,7 @@ class AllReduceMHC:
             return "it belongs to another process group"
         if other.device != self.device:
             return f"it is on {other.device}, this one on {self.device}"
-        fields = ("hidden", "tp", "bt", "ll_rows", "bt_rows")
-        theirs, mine = ({f: getattr(spec, f) for f in fields} for spec in (other.spec, self.spec))
+        theirs, mine = other.spec.mailbox_layout(), self.spec.mailbox_layout()
         if theirs != mine:
             return f"its mailboxes are {theirs}, this build needs {mine}"
         if self.config.transport not in ("auto", other.transport):

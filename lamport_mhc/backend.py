@@ -75,6 +75,11 @@ class BuildSpec:
         """Tokens per [generation][source] of the protocol's contribution mailbox."""
         return self.owner_capacity if protocol == "bt" else self.rows("ll")
 
+    def mailbox_layout(self) -> dict:
+        """What fixes the mailboxes and state words: builds alike in it may share a workspace."""
+        return dict(hidden=self.hidden, tp=self.tp, bt=self.bt, ll_rows=self.rows("ll"),
+                    bt_rows=self.rows("bt") if self.bt else None)
+
     @property
     def chunk_rows(self) -> int:
         """The most rows one protocol round takes; larger calls go through in parts of this many."""

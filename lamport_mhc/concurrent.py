@@ -36,7 +36,7 @@ from . import layout, presets
 from .backend import BuildSpec, load_backend
 from .call import Call
 from .paths import FusedPath
-from .selector import Thresholds, check_chunk_rows, mailbox_rows, pick_backends, support_table
+from .selector import Thresholds, mailbox_rows, pick_backends, support_table
 from .workspace import allocate_host_group
 
 # Backends a concurrent group runs: one of them, "auto" (the preset's routes, as AllReduceMHC
@@ -152,9 +152,7 @@ class ConcurrentGroup:
         preset = presets.lookup(presets.gpu_family(torch.cuda.get_device_capability(self.device)), tp, hidden_size)
         self.thresholds = Thresholds(bt_min_rows or preset.bt_min_rows, bt_min_finalize_rows or preset.bt_min_finalize_rows)
         quantize = hidden_size % layout.HIDDEN_MULTIPLE_MXFP8 == 0
-        if chunk_rows is not None:
-            check_chunk_rows(chunk_rows, quantize)
-        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, chunk_rows)
+        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, chunk_rows, quantize)
         base = BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp, rank=0,
                          quantize=quantize, residual_only=True, **rows, spin_timeout_ns=int(spin_timeout_ms * 1e6),
                          ll_one_kernel_rows=min(rows["ll_rows"], self.sms if ll_one_kernel_rows is None

@@ -48,7 +48,7 @@ class FusedPath:
         return list(call.parts(self.spec.chunk_rows))
 
     def run(self, call: Call) -> None:
-        for part in self.parts(call):
+        for part in call.parts(self.spec.chunk_rows):
             self._run_part(part)
 
     def _run_part(self, call: Call) -> None:

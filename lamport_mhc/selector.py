@@ -38,12 +38,15 @@ def check_chunk_rows(rows, quantize: bool) -> None:
         raise ValueError(f"chunk_rows must be a multiple of {SCALE_TILE_ROWS} (the MXFP8 scales' row tiles), got {rows}")
 
 
-def mailbox_rows(tp: int, capacity: int, thresholds: Thresholds, chunk_rows: int | None = None) -> dict:
+def mailbox_rows(tp: int, capacity: int, thresholds: Thresholds, chunk_rows: int | None = None,
+                 quantize: bool = False) -> dict:
     """The ``BuildSpec`` fields that size a group's mailboxes: whether BT state exists, and the rows
     one call of each protocol takes. Calls of more than ``chunk_rows`` rows go through in parts of
     that many (``FusedPath.parts``), each taking the protocol of its own size: so BT never takes more
     rows than a part, and LL never more than the largest BT threshold less one. A group of one has
     no mailbox (and no parts)."""
+    if chunk_rows is not None:
+        check_chunk_rows(chunk_rows, quantize)
     if tp == 1:
         return dict(bt=False)
     chunk = min(capacity, chunk_rows or CHUNK_ROWS)

@@ -21,7 +21,7 @@ from .backend import BuildSpec, load_backend
 from .call import Call
 from .mxfp8 import mxfp8_scale_bytes
 from .paths import FusedPath, TorchPath
-from .selector import Thresholds, check_chunk_rows, mailbox_rows
+from .selector import Thresholds, mailbox_rows
 from .workspace import allocate_host_group
 
 SIMULATED_BACKENDS = ("triton", "torch")
@@ -67,9 +67,7 @@ class SimulatedGroup:
         if on_gpu:
             ll_one_kernel_rows = 0
         # chunk_rows: calls of more rows go through in parts (AllReduceMHCConfig.chunk_rows).
-        if chunk_rows is not None:
-            check_chunk_rows(chunk_rows, quantize_layer_input)
-        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, chunk_rows)
+        rows = mailbox_rows(tp, max_num_tokens, self.thresholds, chunk_rows, quantize_layer_input)
         largest_ll = rows.get("ll_rows") or max_num_tokens
         self.specs = [BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp,
                                 rank=rank, quantize=quantize_layer_input, residual_only=residual_only, **rows,
@@ -80,9 +78,7 @@ class SimulatedGroup:
         # share_workspaces_with: another group of the same ranks whose calls this one's interleave with
         # (AllReduceMHC's share_workspace_with): one set of mailboxes and generation words.
         if share_workspaces_with is not None:
-            fields = ("hidden", "tp", "bt", "ll_rows", "bt_rows")
-            theirs, mine = ({f: getattr(spec, f) for f in fields} for spec in (share_workspaces_with.specs[0],
-                                                                              self.specs[0]))
+            theirs, mine = share_workspaces_with.specs[0].mailbox_layout(), self.specs[0].mailbox_layout()
             if theirs != mine or share_workspaces_with.device != self.device:
                 raise ValueError(f"cannot share the workspaces of a group with mailboxes {theirs} on "
                                  f"{share_workspaces_with.device}: this one needs {mine} on {self.device}")
