@@ -131,6 +131,7 @@ class CuteKernels:
         self.compiled = {name: compile_once(instance, self.spec, options) for name, instance in self.plan.items()}
         # Called with (kernel name, CTAs) at every launch (the concurrent one-GPU group's residency check).
         self.on_launch = None
+        self._functions: dict[str, cuda.CUfunction] = {}  # load_modules
 
     # -- launching -------------------------------------------------------------------------------
     @staticmethod
@@ -170,7 +171,7 @@ class CuteKernels:
 
     def footprint(self, name: str) -> tuple[object, int, int]:
         """(CUfunction, threads per CTA, dynamic shared bytes) of a compiled kernel, for occupancy."""
-        if name not in getattr(self, "_functions", {}):
+        if name not in self._functions:
             self.load_modules()
         kernel = self.plan[name].kernel
         slots = getattr(kernel, "smem_slots", None) or getattr(kernel, "slots", 0)
