@@ -162,6 +162,9 @@ def _soak(args) -> int:
 
     from . import soak
 
+    if args.graphs and not torch.cuda.is_available():
+        print("--graphs needs a GPU (CUDA graphs)", file=sys.stderr)
+        return 2
     if "WORLD_SIZE" in os.environ:
         if int(os.environ["WORLD_SIZE"]) != args.tp:
             print(f"--tp {args.tp} but torchrun started {os.environ['WORLD_SIZE']} ranks", file=sys.stderr)
@@ -169,9 +172,6 @@ def _soak(args) -> int:
         if args.backend == "mixed":
             print("--backend mixed is for the one-GPU group (AllReduceMHC builds triton, cute or auto)",
                   file=sys.stderr)
-            return 2
-        if args.graphs and not torch.cuda.is_available():
-            print("--graphs needs GPUs (CUDA graphs)", file=sys.stderr)
             return 2
         result = soak.soak_gpus(args.calls, args.backend, args.hidden or 5120, graphs=args.graphs, seed=args.seed,
                                 capacity=args.capacity or 1024, spin_timeout_ms=args.spin_timeout_ms)
@@ -194,9 +194,6 @@ def _soak(args) -> int:
         if args.backend not in ("triton", "auto"):
             print(f"on a CPU the simulated group interprets the Triton kernels; --backend {args.backend} needs a GPU",
                   file=sys.stderr)
-            return 2
-        if args.graphs:
-            print("--graphs needs a GPU (CUDA graphs)", file=sys.stderr)
             return 2
         result = soak.soak_simulated(args.tp, args.calls, args.hidden or 256, seed=args.seed,
                                      capacity=args.capacity or 12)

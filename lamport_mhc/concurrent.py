@@ -58,6 +58,12 @@ CONNECTIONS = 32
 PROGRESS_KEPT = 64
 
 
+def sleep_us(microseconds: float) -> None:
+    """A device-side delay on the current stream (a rank's skew)."""
+    if microseconds > 0:
+        torch.cuda._sleep(int(microseconds * CYCLES_PER_US))
+
+
 def rank_streams(tp: int, device: torch.device) -> list[torch.cuda.ExternalStream]:
     """``tp`` new non-blocking streams, created one after another so the driver puts each on a
     hardware queue of its own (it deals queues out in turn; torch's pool created its streams of
@@ -224,8 +230,7 @@ class ConcurrentGroup:
     def issue(self, rank: int, rank_call: RankCall) -> None:
         """Enqueue one rank's call on its stream (its delay first); returns without waiting."""
         with torch.cuda.stream(self.streams[rank]):
-            if rank_call.delay_us > 0:
-                torch.cuda._sleep(int(rank_call.delay_us * CYCLES_PER_US))
+            sleep_us(rank_call.delay_us)
             self._choice[rank] = rank_call.backend or self.backends[0]
             tracked = not torch.cuda.is_current_stream_capturing()
             if tracked:

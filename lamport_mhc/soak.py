@@ -51,6 +51,11 @@ CSV_COLUMNS = ("gpu", "where", "backend", "tp", "hidden", "calls", "graph_replay
                "seconds")
 
 
+def draw_delay(rng: random.Random, share: float = DELAYED_SHARE) -> float:
+    """A rank-call's device-side delay in microseconds: up to MAX_DELAY_US for ``share`` of them."""
+    return rng.uniform(0, MAX_DELAY_US) if rng.random() < share else 0.0
+
+
 @dataclass
 class SoakResult:
     where: str
@@ -173,7 +178,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
             rank = rng.choice([r for r in range(tp) if issued[r] < len(draws) and issued[r] < min(issued) + max_lead])
             k = issued[rank]
             call, check = prepared(draws[k], rank)
-            delay = rng.uniform(0, MAX_DELAY_US) if rng.random() < delayed_share else 0.0
+            delay = draw_delay(rng, delayed_share)
             ahead.wait(rank, k)
             gaps.issued(rank, k)
             group.issue(rank, RankCall(call, delay, rng.choice(group.backends) if mixed else None))
@@ -262,11 +267,10 @@ def warm_up_draws(group, capacity: int, hidden: int) -> list[Draw]:
     sizes = {1, capacity, group.ll_one_kernel_rows, group.ll_one_kernel_rows + 1,
              group.thresholds.bt_min_rows - 1, group.thresholds.bt_min_rows,
              group.thresholds.bt_min_finalize_rows - 1, group.thresholds.bt_min_finalize_rows}
-    for path in group.paths[:1]:
-        for kernels in path.kernels.values():
-            split = getattr(kernels, "split_rows", None)
-            if split:
-                sizes |= {split, split + 1}
+    for kernels in group.paths[0].kernels.values():
+        split = getattr(kernels, "split_rows", None)
+        if split:
+            sizes |= {split, split + 1}
     sizes = sorted(m for m in sizes if 1 <= m <= capacity)
     return [Draw(variant, m, i % POOLS) for i, (variant, m) in
             enumerate((v, m) for m in sizes for v in variants_of(hidden))]
@@ -277,7 +281,7 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
     """Each rank captures its own graphs of GRAPH_CALLS calls (the checks inside), then the ranks
     replay them concurrently with skew, every round the same graph on every rank. Returns the
     calls replayed."""
-    from .concurrent import CYCLES_PER_US, RankCall
+    from .concurrent import RankCall, sleep_us
 
     graphs = []
     for index, length in enumerate(GRAPH_CALLS):
@@ -288,7 +292,7 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
             stream = group.streams[rank]
             stream.synchronize()
             # Each rank its own delays inside its sequence: skew within a replay.
-            delays = [rng.uniform(0, MAX_DELAY_US) if rng.random() < DELAYED_SHARE else 0.0 for _ in draws]
+            delays = [draw_delay(rng) for _ in draws]
             backends = [rng.choice(group.backends) if mixed else None for _ in draws]
             with torch.cuda.graph(graph, stream=stream):
                 for k, draw in enumerate(draws):
@@ -306,8 +310,7 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
             ahead.wait(rank, rounds * GRAPH_CALLS[0])
             gaps.issued(rank, -replayed)
             with torch.cuda.stream(group.streams[rank]):
-                if rng.random() < DELAYED_SHARE:
-                    torch.cuda._sleep(int(rng.uniform(0, MAX_DELAY_US) * CYCLES_PER_US))
+                sleep_us(draw_delay(rng))
                 per_rank[rank].replay()
                 ahead.record(rank, rounds * GRAPH_CALLS[0])
         replayed += length
@@ -325,7 +328,7 @@ def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int 
     import torch.distributed as dist
 
     from .api import AllReduceMHC
-    from .concurrent import CYCLES_PER_US
+    from .concurrent import sleep_us
     from .config import AllReduceMHCConfig
 
     started = time.monotonic()
@@ -364,8 +367,8 @@ def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int 
         checker.check(rank, call_id, draw.m, (residual_out, layer, outputs[2]), expected)
 
     def delay() -> None:
-        if own_rng.random() < DELAYED_SHARE and on_gpu:
-            torch.cuda._sleep(int(own_rng.uniform(0, MAX_DELAY_US) * CYCLES_PER_US))
+        if on_gpu:
+            sleep_us(draw_delay(own_rng))
 
     eager = calls if not graphs else max(calls // 4, 1)
     try:

@@ -37,7 +37,7 @@ class Draw:
     pool: int
 
 
-def draw_calls(rng: random.Random, count: int, capacity: int, hidden: int, sizes=None) -> list[Draw]:
+def draw_calls(rng: random.Random, count: int, capacity: int, hidden: int) -> list[Draw]:
     """Calls of random variants and M; each reads a pool none of the three calls before it read."""
     variants = variants_of(hidden)
     recent: list[int] = []
@@ -45,8 +45,7 @@ def draw_calls(rng: random.Random, count: int, capacity: int, hidden: int, sizes
     for _ in range(count):
         pool = rng.choice([p for p in range(POOLS) if p not in recent[-3:]])
         recent.append(pool)
-        m = rng.choice(sizes) if sizes else rng.randint(1, capacity)
-        draws.append(Draw(rng.choice(variants), m, pool))
+        draws.append(Draw(rng.choice(variants), rng.randint(1, capacity), pool))
     return draws
 
 
