@@ -188,7 +188,8 @@ def _soak(args) -> int:
                                    seed=args.seed, capacity=args.capacity, spin_timeout_ms=args.spin_timeout_ms,
                                    bt_min_rows=args.bt_min_rows, ll_one_kernel_rows=args.one_kernel_rows,
                                    split_rows=args.split_rows, host_gc=args.host_gc, max_lead=args.max_lead,
-                                   delayed_share=args.delayed_share, pooled_streams=args.pooled_streams)
+                                   delayed_share=args.delayed_share, pooled_streams=args.pooled_streams,
+                                   pin_carveout=not args.default_carveout)
         report = True
     else:
         if args.backend not in ("triton", "auto"):
@@ -302,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--pooled-streams", action="store_true",
                       help="one GPU: the ranks on torch's pooled streams, which may share hardware queues (for "
                            "diagnosis; by default each rank gets a stream on a queue of its own)")
+    soak.add_argument("--default-carveout", action="store_true",
+                      help="one GPU: leave each kernel's L1 / shared-memory split to the driver (for diagnosis: "
+                           "ranks sharing SMs then stall; by default every kernel asks for the largest shared split)")
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--spin-timeout-ms", type=float, default=2000.0)
     soak.add_argument("--out", default=None, help="append one CSV row (gpu, where, backend, tp, hidden, calls, "

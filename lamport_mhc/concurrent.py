@@ -19,6 +19,9 @@ construction:
 - a kernel's first (lazy) module load waits for the GPU to go idle, which never happens while a
   rank spins: ``load_modules`` loads every compiled kernel before any rank runs, and the caller
   runs every form once in protocol order (``run_in_protocol_order``) before the ranks run at once;
+- an SM changes its L1 / shared-memory split only while it holds no CTA, and other ranks' programs
+  spin on most SMs: a kernel asking for a larger split than theirs could not be placed until the
+  spin gave up. Every kernel is made to ask for the same, largest split (``prefer_shared_memory``);
 - all ranks' waiting kernels share the SMs: ``Residency`` records what every call launches and
   ``check_residency`` refuses, with the reason, a build whose waiting programs could not all be
   resident together (a timeout would then say nothing about the protocol).
@@ -98,6 +101,28 @@ def blocks_per_sm(function, threads: int, shared_bytes: int) -> int:
     return count
 
 
+def prefer_shared_memory(function) -> None:
+    """Have every launch of ``function`` configure its SMs for the most shared memory.
+
+    An SM splits its on-chip memory between L1 and shared memory as the kernels placed on it ask
+    (each kernel's preferred carveout, else what its shared memory needs), and changes the split
+    only while it holds no CTA. Ranks that share one GPU keep programs spinning on most SMs for as
+    long as a peer's call has not run, so a peer kernel that needs a larger split than theirs finds
+    no SM it may use until the spin gives up: on one H200 every tp = 4 and 8 soak stalled this way
+    within a few hundred calls, for both backends. With every kernel asking for the same (largest)
+    split, any SM with room takes any kernel. A real group never meets this: no rank's kernels wait
+    for another kernel on the same GPU."""
+    from cuda.bindings import driver
+
+    if isinstance(function, int):  # Triton hands out the raw handle
+        function = driver.CUfunction(function)
+    (error,) = driver.cuFuncSetAttribute(
+        function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        int(driver.CUshared_carveout.CU_SHAREDMEM_CARVEOUT_MAX_SHARED))
+    if error != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT): {error}")
+
+
 class Residency:
     """What each rank-call launched, and the largest share of the GPU one rank's waiting programs
     took: the programs of every waiting kernel over what the SMs hold of it at once (the driver's
@@ -143,7 +168,8 @@ class ConcurrentGroup:
     def __init__(self, tp: int, *, hidden_size: int, max_num_tokens: int, hc_mult: int = 4, top_k: int = 6,
                  backend: str = "triton", bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
                  ll_one_kernel_rows: int | None = None, split_rows: int | None = None, chunk_rows: int | None = None,
-                 spin_timeout_ms: float = 2000.0, pooled_streams: bool = False, device=None):
+                 spin_timeout_ms: float = 2000.0, pooled_streams: bool = False, pin_carveout: bool = True,
+                 device=None):
         if not torch.cuda.is_available():
             raise RuntimeError("a concurrent group runs on a CUDA GPU (on a CPU, SimulatedGroup runs protocol order)")
         if not isinstance(tp, int) or tp < 2:
@@ -193,6 +219,10 @@ class ConcurrentGroup:
         # Per rank: (host issue count, started event, finished event) of its latest rank-calls.
         self.issued = [0] * tp
         self.progress: list[list] = [[] for _ in range(tp)]
+        self._reader = torch.cuda.Stream(self.device)  # reads slots while ranks may spin (explain_timeout)
+        # pin_carveout=False (diagnosis only): each kernel's carveout left to the driver, which
+        # stalls ranks that share SMs (prefer_shared_memory).
+        self.pin_carveout = pin_carveout
         self.load_modules()
 
     # -- construction ------------------------------------------------------------------------------
@@ -220,10 +250,14 @@ class ConcurrentGroup:
 
     def load_modules(self) -> None:
         """Load every compiled kernel of every rank now: a first launch that loads its module would
-        wait for the GPU to go idle, which it never does while another rank spins."""
+        wait for the GPU to go idle, which it never does while another rank spins. And pin each
+        kernel's shared-memory carveout (see ``prefer_shared_memory``)."""
         for path in self.paths:
             for kernels in path.kernels.values():
                 kernels.load_modules()
+                if self.pin_carveout:
+                    for name in kernels.plan:
+                        prefer_shared_memory(kernels.footprint(name)[0])
         torch.cuda.synchronize(self.device)
 
     # -- calls -------------------------------------------------------------------------------------
@@ -268,7 +302,7 @@ class ConcurrentGroup:
 
     # -- what went wrong -----------------------------------------------------------------------------
     def timeouts(self) -> list[str]:
-        """Every rank's spin-timeout record, explained (the host mirror: call after ``synchronize``)."""
+        """Every rank's spin-timeout record, explained (the host mirror; callable while ranks run)."""
         reports = []
         for rank, workspace in enumerate(self.workspaces):
             record = workspace.read_error()
@@ -285,13 +319,19 @@ class ConcurrentGroup:
         if source < 0:  # a BT consumer, waiting for the owner's sum
             slots = {f"bt_sums[{generation}][{token}]": ws.bt_sums.local[generation, token]}
         else:  # an LL consumer or a BT owner reduce, waiting for ``source``'s contribution
-            slots = {f"ll[{generation}][{source}][{token}]": ws.ll.local[generation, source, token]}
-            if ws.bt is not None and token % self.tp == rank:
-                row = token // self.tp
+            slots = {}
+            if token < ws.ll.local.shape[2]:
+                slots[f"ll[{generation}][{source}][{token}]"] = ws.ll.local[generation, source, token]
+            row = token // self.tp
+            if ws.bt is not None and token % self.tp == rank and row < ws.bt.local.shape[2]:
                 slots[f"bt[{generation}][{source}][{row}]"] = ws.bt.local[generation, source, row]
-        held = "; ".join(f"{where} holds {self._slot_state(slot)}" for where, slot in slots.items())
-        states = "; ".join(f"rank {r} ll {w.ll_state.tolist()}" + (f" bt {w.bt_state.tolist()}" if w.bt_state is not None
-                                                                      else "") for r, w in enumerate(self.workspaces))
+        # Read through a copy engine on a stream of its own: ranks may still be spinning.
+        with torch.cuda.stream(self._reader):
+            held = "; ".join(f"{where} holds {self._slot_state(slot.to('cpu'))}"
+                             for where, slot in slots.items()) or "no slot of that token"
+            states = "; ".join(f"rank {r} ll {w.ll_state.to('cpu').tolist()}" +
+                               (f" bt {w.bt_state.to('cpu').tolist()}" if w.bt_state is not None else "")
+                               for r, w in enumerate(self.workspaces))
         return (f"rank {rank}: spin timeout waiting for "
                 f"{'the owners sum' if source < 0 else f'rank {source}'} at token {token} of generation "
                 f"{generation}; {held}. States [next, active, arrived]: {states}")

@@ -24,7 +24,10 @@ import csv
 import gc
 import os
 import random
+import sys
+import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,7 +117,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
                  capacity: int | None = None, spin_timeout_ms: float = 2000.0, bt_min_rows: int | None = None,
                  ll_one_kernel_rows: int | None = None, split_rows: int | None = None, host_gc: bool = False,
                  max_lead: int = MAX_LEAD, delayed_share: float = DELAYED_SHARE, pooled_streams: bool = False,
-                 log=print) -> SoakResult:
+                 pin_carveout: bool = True, log=print) -> SoakResult:
     from .concurrent import ConcurrentGroup, RankCall
 
     if not 1 <= max_lead < HOST_AHEAD:
@@ -130,7 +133,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
                             bt_min_rows=bt_min_rows, bt_min_finalize_rows=bt_min_rows,
                             ll_one_kernel_rows=one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows,
                             split_rows=split_rows, chunk_rows=CHUNK_ROWS, spin_timeout_ms=spin_timeout_ms,
-                            pooled_streams=pooled_streams)
+                            pooled_streams=pooled_streams, pin_carveout=pin_carveout)
     hc, top_k = group.specs[0].hc, group.specs[0].top_k
     quant = group.specs[0].quantize
     pools = draw_pools(tp, capacity, hidden, hc, top_k, seed, device)
@@ -164,9 +167,9 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     # every compiled kernel's objects, a compile) delays some rank's issue while its peers spin,
     # which no real group has. The collector stays off while the ranks run (unless host_gc), and
     # the longest gap between two issues is reported beside any timeout.
-    gaps = HostGaps()
     ahead = HostAhead(tp)
     watch = TimeoutWatch(group)
+    gaps = HostGaps(on_tick=watch.timed_out)
     collecting = gc.isenabled()
     if not host_gc:
         gc.collect()
@@ -195,15 +198,17 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
         watch.timed_out()
         group.synchronize()
     finally:
+        gaps.stop()
         if collecting:
             gc.enable()
     group.check_residency()
     timeouts = group.timeouts()
     result.timeouts = len(timeouts)
     if timeouts:
-        timeouts += [gaps.describe(), "when the first timeout was seen, eager rank-calls issued / started / "
-                     f"finished: {watch.progress or group.describe_progress() + ' (after it)'}"]
-    result.messages += timeouts
+        result.messages += [f"when the first timeout was seen: {text}" for text in watch.reports]
+        result.messages += [f"at the end: {text}" for text in timeouts]
+        result.messages += [gaps.describe(), "when the first timeout was seen, eager rank-calls issued / started / "
+                            f"finished: {watch.progress or group.describe_progress() + ' (after it)'}"]
     log(gaps.describe())
     result.mismatches, messages = checker.read()
     result.messages += messages
@@ -230,11 +235,21 @@ class HostAhead:
 
 class HostGaps:
     """The longest pause of the host between two issues of the one-GPU group (a rank whose call
-    comes that late leaves its peers spinning that long)."""
+    comes that late leaves its peers spinning that long), and where the host was while it paused:
+    a watcher thread takes the issuing thread's stack whenever no issue came for ``STALL_MS``."""
 
-    def __init__(self):
+    STALL_MS = 200.0
+    STACKS_KEPT = 3
+
+    def __init__(self, on_tick=None):
+        self.on_tick = on_tick  # also called by the watcher on every tick (a timeout seen early)
         self.last = None
         self.longest = (0.0, None, None)
+        self.stalls: list[str] = []
+        self._issuer = threading.get_ident()
+        self._done = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="soak-host-gaps", daemon=True)
+        self._watcher.start()
 
     def issued(self, rank: int, call: int) -> None:
         now = time.monotonic()
@@ -242,23 +257,46 @@ class HostGaps:
             self.longest = (now - self.last, rank, call)
         self.last = now
 
+    def stop(self) -> None:
+        self._done.set()
+        self._watcher.join()
+
+    def _watch(self) -> None:
+        seen = None
+        while not self._done.wait(self.STALL_MS / 4e3):
+            if self.on_tick is not None:
+                self.on_tick()
+            last = self.last
+            if last is None or last == seen or time.monotonic() - last < self.STALL_MS / 1e3:
+                continue
+            seen = last
+            frame = sys._current_frames().get(self._issuer)
+            stack = "".join(traceback.format_stack(frame)[-6:]) if frame is not None else "(no frame)\n"
+            if stack not in self.stalls and len(self.stalls) < self.STACKS_KEPT:
+                self.stalls.append(stack)
+
     def describe(self) -> str:
         gap, rank, call = self.longest
-        return f"longest host gap between two issues: {gap * 1e3:.1f} ms (before rank {rank}'s call {call})"
+        text = f"longest host gap between two issues: {gap * 1e3:.1f} ms (before rank {rank}'s call {call})"
+        for stack in self.stalls:
+            text += f"\nthe issuing thread, {self.STALL_MS:.0f} ms after its last issue, was in:\n{stack.rstrip()}"
+        return text
 
 
 class TimeoutWatch:
     """Whether a rank has recorded a spin timeout, as far as the host mirrors show (no
-    synchronization); the group's progress is kept from the moment one is first seen. After a
-    timeout the group's state is broken, so the soak stops issuing."""
+    synchronization); the group's progress and the timeouts' explanations are kept from the moment
+    one is first seen. After a timeout the group's state is broken, so the soak stops issuing."""
 
     def __init__(self, group):
         self.group = group
         self.progress: str | None = None
+        self.reports: list[str] = []
 
     def timed_out(self) -> bool:
         if self.progress is None and any(ws.read_error() is not None for ws in self.group.workspaces):
             self.progress = self.group.describe_progress()
+            self.reports = self.group.timeouts()
         return self.progress is not None
 
 

@@ -1,9 +1,10 @@
 """The soak command on a CPU (the simulated group), and the pieces the one-GPU soak relies on that
 run without a GPU: its call draws, the scale prefix its checks assume, its device-side checker
-(under the interpreter) and the residency arithmetic."""
+(under the interpreter), the residency arithmetic and the host-stall watcher."""
 
 import csv
 import random
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from lamport_mhc.__main__ import main
 from lamport_mhc.concurrent import RESIDENT_SHARE, ConcurrentGroup, EmulationError, Residency
 from lamport_mhc.mxfp8 import mxfp8_quantize_reference, mxfp8_scale_bytes
-from lamport_mhc.soak import CSV_COLUMNS
+from lamport_mhc.soak import CSV_COLUMNS, HostGaps
 from lamport_mhc.soak_calls import POOLS, VARIANTS, draw_calls, scale_rows
 
 
@@ -140,3 +141,18 @@ def test_protocol_order_cannot_see_polls_that_do_not_wait():
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 mismatches, 0 timeouts" in run.stdout
+
+
+def test_a_host_stall_is_reported_with_where_the_issuing_thread_was():
+    """The one-GPU soak's watcher: a pause of the issuing thread longer than STALL_MS is reported
+    with that thread's stack (here: a sleep), and every tick also runs the timeout check."""
+    ticks = []
+    gaps = HostGaps(on_tick=lambda: ticks.append(1))
+    gaps.issued(0, 0)
+    time.sleep(3 * HostGaps.STALL_MS / 1000)
+    gaps.issued(1, 0)
+    gaps.stop()
+    text = gaps.describe()
+    assert "before rank 1's call 0" in text
+    assert "time.sleep(3 * HostGaps.STALL_MS / 1000)" in text, text
+    assert len(gaps.stalls) == 1 and ticks

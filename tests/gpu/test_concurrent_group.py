@@ -50,6 +50,40 @@ def test_ranks_at_once_across_backends(backend, tp, hidden):
     assert ok, summary + "\n" + "\n".join(messages)
 
 
+def _issue_shape_body(rank, world, backend, pin_carveout):
+    from lamport_mhc.soak import soak_one_gpu
+
+    # The shape in which ranks first lost a peer's contribution: LL in the cluster form to 64 rows,
+    # no one-kernel form, the ranks' waiting programs near three quarters of the GPU.
+    result = soak_one_gpu(4, 3000, backend, 1408, graphs=False, seed=0, split_rows=64, ll_one_kernel_rows=0,
+                          spin_timeout_ms=1000, pin_carveout=pin_carveout, log=lambda *_: None)
+    return result.summary(), result.ok, result.messages[:10], result.timeouts
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ranks_sharing_sms_run_when_every_kernel_asks_for_one_carveout(backend):
+    """With each kernel's L1 / shared-memory split left to the driver, this run stalled on one H200
+    in every try for both backends (a kernel waiting for an SM whose split matched, while other ranks
+    spun on all of them, until the spin gave up); ``prefer_shared_memory`` is what lets it pass."""
+    require_gpus(1)
+    require_backend(backend)
+    [(summary, ok, messages, _)] = run_ranks(_issue_shape_body, 1, args=(backend, True), timeout_s=600,
+                                             env=EAGER_LOADING)
+    assert ok, summary + "\n" + "\n".join(messages)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_carveout_left_to_the_driver_stalls_ranks_that_share_sms(backend):
+    """The other half of the evidence for the test above: the same run, the carveout not pinned,
+    meets spin timeouts (a property of the GPU's block scheduler, seen on H200; a GPU whose
+    scheduler could re-split a busy SM would fail this test, and then the pin would be moot)."""
+    require_gpus(1)
+    require_backend(backend)
+    [(summary, _, _, timeouts)] = run_ranks(_issue_shape_body, 1, args=(backend, False), timeout_s=600,
+                                            env=EAGER_LOADING)
+    assert timeouts > 0, summary
+
+
 def _missing_peer_body(rank, world, backend, timeout_ms):
     from lamport_mhc.concurrent import ConcurrentGroup, RankCall
     from lamport_mhc.soak import soak_one_gpu
