@@ -165,6 +165,20 @@ def _soak(args) -> int:
     if args.graphs and not torch.cuda.is_available():
         print("--graphs needs a GPU (CUDA graphs)", file=sys.stderr)
         return 2
+    turn = soak.GpuTurn(args.gpu_lock) if args.gpu_lock else None
+    try:
+        return _soak_where(args, soak, turn)
+    finally:
+        if turn is not None:
+            turn.release()
+
+
+def _soak_where(args, soak, turn) -> int:
+    """The soak where this process runs: a torchrun rank, one GPU, or a CPU."""
+    import os
+
+    import torch
+
     if "WORLD_SIZE" in os.environ:
         if int(os.environ["WORLD_SIZE"]) != args.tp:
             print(f"--tp {args.tp} but torchrun started {os.environ['WORLD_SIZE']} ranks", file=sys.stderr)
@@ -189,7 +203,8 @@ def _soak(args) -> int:
                                    bt_min_rows=args.bt_min_rows, ll_one_kernel_rows=args.one_kernel_rows,
                                    split_rows=args.split_rows, host_gc=args.host_gc, max_lead=args.max_lead,
                                    delayed_share=args.delayed_share, pooled_streams=args.pooled_streams,
-                                   pin_carveout=not args.default_carveout)
+                                   pin_carveout=not args.default_carveout,
+                                   before_run=turn.acquire if turn is not None else None)
         report = True
     else:
         if args.backend not in ("triton", "auto"):
@@ -306,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--default-carveout", action="store_true",
                       help="one GPU: leave each kernel's L1 / shared-memory split to the driver (for diagnosis: "
                            "ranks sharing SMs then stall; by default every kernel asks for the largest shared split)")
+    soak.add_argument("--gpu-lock", metavar="FILE",
+                      help="one GPU: build, then run only while holding this file's lock, so that soaks started "
+                           "together compile at once and run one at a time (bench/soak_h200.sh)")
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--spin-timeout-ms", type=float, default=2000.0)
     soak.add_argument("--out", default=None, help="append one CSV row (gpu, where, backend, tp, hidden, calls, "

@@ -21,6 +21,7 @@ compared on the device, in the rank's stream order, against the reference of the
 from __future__ import annotations
 
 import csv
+import fcntl
 import gc
 import os
 import random
@@ -117,7 +118,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
                  capacity: int | None = None, spin_timeout_ms: float = 2000.0, bt_min_rows: int | None = None,
                  ll_one_kernel_rows: int | None = None, split_rows: int | None = None, host_gc: bool = False,
                  max_lead: int = MAX_LEAD, delayed_share: float = DELAYED_SHARE, pooled_streams: bool = False,
-                 pin_carveout: bool = True, log=print) -> SoakResult:
+                 pin_carveout: bool = True, before_run=None, log=print) -> SoakResult:
     from .concurrent import ConcurrentGroup, RankCall
 
     if not 1 <= max_lead < HOST_AHEAD:
@@ -147,6 +148,8 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     def prepared(draw: Draw, rank: int):
         return rank_call(draw, rank, pools[draw.pool], buffers[rank], hidden, hc)
 
+    if before_run is not None:  # e.g. GpuTurn.acquire: built; the GPU to itself from here
+        before_run()
     # Every form once in protocol order, with the largest M of each form (the residency check's worst).
     warm = warm_up_draws(group, capacity, hidden)
     for name in group.backends if backend == "mixed" else (None,):
@@ -215,6 +218,26 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     result.outputs_compared = checker.compared
     result.seconds = time.monotonic() - started
     return result
+
+
+class GpuTurn:
+    """Soaks of one GPU taking turns: each builds when it likes (compiles are CPU-bound, so several
+    overlap) and runs its ranks only while it holds an exclusive lock on a file, so none shares the
+    SMs with another. Released by ``release`` or when the process exits."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self._file = None
+
+    def acquire(self) -> None:
+        self._file = self.path.open("a")
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
 
 
 class HostAhead:

@@ -4,6 +4,7 @@ run without a GPU: its call draws, the scale prefix its checks assume, its devic
 
 import csv
 import random
+import threading
 import time
 from types import SimpleNamespace
 
@@ -156,3 +157,19 @@ def test_a_host_stall_is_reported_with_where_the_issuing_thread_was():
     assert "before rank 1's call 0" in text
     assert "time.sleep(3 * HostGaps.STALL_MS / 1000)" in text, text
     assert len(gaps.stalls) == 1 and ticks
+
+
+def test_soaks_of_one_gpu_take_turns(tmp_path):
+    """--gpu-lock: a second soak's run waits until the first has released the GPU."""
+    from lamport_mhc.soak import GpuTurn
+
+    first, second = GpuTurn(tmp_path / "gpu.lock"), GpuTurn(tmp_path / "gpu.lock")
+    first.acquire()
+    entered = threading.Event()
+    waiter = threading.Thread(target=lambda: (second.acquire(), entered.set()))
+    waiter.start()
+    assert not entered.wait(0.3)
+    first.release()
+    assert entered.wait(5)
+    waiter.join()
+    second.release()
