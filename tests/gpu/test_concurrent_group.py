@@ -4,8 +4,12 @@ CUDA graphs, every output compared bit for bit; a missing peer; and the negative
 whose polls do not wait, which protocol order passes and the concurrent group must fail.
 
 Each case runs in a spawned process (``run_ranks`` with one rank: a hard timeout, and the module
-loader and the hardware queues set before CUDA starts)."""
+loader and the hardware queues set before CUDA starts). The cases build at once under
+``pytest -n``, and run their ranks one case at a time (``GpuTurn`` on one lock file), so that no two
+share the SMs; the hard timeouts include the wait for a turn."""
 
+import os
+import tempfile
 import time
 
 import pytest
@@ -17,12 +21,20 @@ from .harness import require_gpus, run_ranks
 # Before CUDA starts in the spawned process: every module loaded at once, a hardware queue per rank.
 EAGER_LOADING = {"CUDA_MODULE_LOADING": "EAGER", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
 CALLS = 1000
+ONE_GPU_LOCK = os.path.join(tempfile.gettempdir(), "lamport-mhc-one-gpu.lock")
+
+
+def _take_the_gpu():
+    from lamport_mhc.soak import GpuTurn
+
+    GpuTurn(ONE_GPU_LOCK).acquire()  # held until the spawned process exits
 
 
 def _soak_body(rank, world, tp, backend, hidden, graphs, seed):
     from lamport_mhc.soak import soak_one_gpu
 
-    result = soak_one_gpu(tp, CALLS, backend, hidden, graphs=graphs, seed=seed, log=lambda *_: None)
+    result = soak_one_gpu(tp, CALLS, backend, hidden, graphs=graphs, seed=seed, before_run=_take_the_gpu,
+                          log=lambda *_: None)
     return result.summary(), result.ok, result.messages[:10], result.calls
 
 
@@ -33,7 +45,7 @@ def test_ranks_at_once_with_skew_match_the_reference(backend, tp, hidden, graphs
     require_gpus(1)
     require_backend(backend)
     [(summary, ok, messages, calls)] = run_ranks(_soak_body, 1, args=(tp, backend, hidden, graphs, tp + graphs),
-                                                 timeout_s=900, env=EAGER_LOADING)
+                                                 timeout_s=1800, env=EAGER_LOADING)
     assert ok, summary + "\n" + "\n".join(messages)
     assert calls >= CALLS
 
@@ -45,7 +57,7 @@ def test_ranks_at_once_across_backends(backend, tp, hidden):
     require_gpus(1)
     for name in BACKENDS:
         require_backend(name)
-    [(summary, ok, messages, _)] = run_ranks(_soak_body, 1, args=(tp, backend, hidden, True, 7), timeout_s=900,
+    [(summary, ok, messages, _)] = run_ranks(_soak_body, 1, args=(tp, backend, hidden, True, 7), timeout_s=1800,
                                              env=EAGER_LOADING)
     assert ok, summary + "\n" + "\n".join(messages)
 
@@ -56,7 +68,8 @@ def _issue_shape_body(rank, world, backend, pin_carveout):
     # The shape in which ranks first lost a peer's contribution: LL in the cluster form to 64 rows,
     # no one-kernel form, the ranks' waiting programs near three quarters of the GPU.
     result = soak_one_gpu(4, 3000, backend, 1408, graphs=False, seed=0, split_rows=64, ll_one_kernel_rows=0,
-                          spin_timeout_ms=1000, pin_carveout=pin_carveout, log=lambda *_: None)
+                          spin_timeout_ms=1000, pin_carveout=pin_carveout, before_run=_take_the_gpu,
+                          log=lambda *_: None)
     return result.summary(), result.ok, result.messages[:10], result.timeouts
 
 
@@ -67,7 +80,7 @@ def test_ranks_sharing_sms_run_when_every_kernel_asks_for_one_carveout(backend):
     spun on all of them, until the spin gave up); ``prefer_shared_memory`` is what lets it pass."""
     require_gpus(1)
     require_backend(backend)
-    [(summary, ok, messages, _)] = run_ranks(_issue_shape_body, 1, args=(backend, True), timeout_s=600,
+    [(summary, ok, messages, _)] = run_ranks(_issue_shape_body, 1, args=(backend, True), timeout_s=1800,
                                              env=EAGER_LOADING)
     assert ok, summary + "\n" + "\n".join(messages)
 
@@ -79,7 +92,7 @@ def test_the_carveout_left_to_the_driver_stalls_ranks_that_share_sms(backend):
     scheduler could re-split a busy SM would fail this test, and then the pin would be moot)."""
     require_gpus(1)
     require_backend(backend)
-    [(summary, _, _, timeouts)] = run_ranks(_issue_shape_body, 1, args=(backend, False), timeout_s=600,
+    [(summary, _, _, timeouts)] = run_ranks(_issue_shape_body, 1, args=(backend, False), timeout_s=1800,
                                             env=EAGER_LOADING)
     assert timeouts > 0, summary
 
@@ -92,6 +105,7 @@ def _missing_peer_body(rank, world, backend, timeout_ms):
     tp, hidden, capacity, absent = 4, 1408, 64, 2
     group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend, bt_min_rows=32,
                             bt_min_finalize_rows=32, ll_one_kernel_rows=4, spin_timeout_ms=timeout_ms)
+    _take_the_gpu()
     device = group.device
     pool = Pool(tp, capacity, hidden, 4, 6, 5, 1e-20, device)
     buffers = [RankBuffers.allocate(capacity, hidden, 4, True, device) for _ in range(tp)]
@@ -122,7 +136,7 @@ def test_a_missing_peer_is_named_by_every_other_rank(backend):
     require_backend(backend)
     timeout_ms = 500
     [(errors, reports, waited, rebuilt, rebuilt_ok)] = run_ranks(_missing_peer_body, 1, args=(backend, timeout_ms),
-                                                                 timeout_s=600, env=EAGER_LOADING)
+                                                                 timeout_s=1800, env=EAGER_LOADING)
     assert sorted(errors) == [0, 1, 3], errors
     for r, message in errors.items():
         assert "rank 2's contribution" in message, message
@@ -137,6 +151,7 @@ def _negative_control_body(rank, world):
     from lamport_mhc.soak import soak_one_gpu
     from lamport_mhc.testing import assert_outputs_match, call_simulated, expected_outputs, random_inputs
 
+    _take_the_gpu()
     device = torch.device("cuda", torch.cuda.current_device())
     group = SimulatedGroup(4, hidden_size=1408, hc_mult=4, max_num_tokens=64, top_k=6, backend="triton",
                            ll_one_kernel_rows=0, device=device)
@@ -153,5 +168,5 @@ def test_the_concurrent_group_fails_a_build_whose_polls_do_not_wait():
     order cannot tell (every slot is written before it is polled); ranks that run at once must."""
     require_gpus(1)
     [(summary, mismatches, timeouts)] = run_ranks(
-        _negative_control_body, 1, timeout_s=900, env={**EAGER_LOADING, "LAMPORT_MHC_DEBUG_NO_WAIT": "1"})
+        _negative_control_body, 1, timeout_s=1800, env={**EAGER_LOADING, "LAMPORT_MHC_DEBUG_NO_WAIT": "1"})
     assert mismatches > 0, summary
