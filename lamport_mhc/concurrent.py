@@ -158,18 +158,20 @@ class RankCall:
     call: Call
     delay_us: float = 0.0
     backend: str | None = None  # "mixed" groups: the backend of this rank-call
+    boundary: int = 0           # which of the group's boundaries (paths sharing the workspace) runs it
 
 
 class ConcurrentGroup:
     """``tp`` ranks as CUDA streams of one process, each with its own workspace and kernels over one
     GPU's mailboxes. ``issue(rank, rank_call)`` enqueues a rank's call on its stream and returns at
-    once; nothing synchronizes the ranks but the protocol itself."""
+    once; nothing synchronizes the ranks but the protocol itself. With ``boundaries`` > 1 each rank
+    has that many paths over its one workspace, and each call names the one it runs on."""
 
     def __init__(self, tp: int, *, hidden_size: int, max_num_tokens: int, hc_mult: int = 4, top_k: int = 6,
                  backend: str = "triton", bt_min_rows: int | None = None, bt_min_finalize_rows: int | None = None,
                  ll_one_kernel_rows: int | None = None, split_rows: int | None = None, chunk_rows: int | None = None,
-                 spin_timeout_ms: float = 2000.0, pooled_streams: bool = False, pin_carveout: bool = True,
-                 device=None):
+                 spin_timeout_ms: float = 2000.0, boundaries: int = 1, pooled_streams: bool = False,
+                 pin_carveout: bool = True, device=None):
         if not torch.cuda.is_available():
             raise RuntimeError("a concurrent group runs on a CUDA GPU (on a CPU, SimulatedGroup runs protocol order)")
         if not isinstance(tp, int) or tp < 2:
@@ -204,15 +206,16 @@ class ConcurrentGroup:
         self.residency = Residency(self.sms, self._resident_ctas)
         self._launches: list[list] = [[] for _ in range(tp)]
         self._choice = ["" for _ in range(tp)]
-        self.paths = []
-        for spec, workspace in zip(self.specs, self.workspaces):
-            kernels = {name: load_backend(name).build(spec, workspace) for name in self.backends}
-            for name, built in kernels.items():
-                built.on_launch = self._recorder(spec.rank, name)
-            self.paths.append(FusedPath(f"concurrent {backend}", kernels, workspace, self.thresholds,
-                                        self._router(spec.rank, preset)))
+        # Per boundary, every rank's path: kernels of its own over the rank's one workspace, as the
+        # attention and MoE boundaries of a model share their mailboxes (MHCBoundary).
+        if not isinstance(boundaries, int) or boundaries < 1:
+            raise ValueError(f"boundaries must be a positive int, got {boundaries!r}")
+        self.boundaries = [[self._rank_path(spec, workspace, preset) for spec, workspace in
+                            zip(self.specs, self.workspaces)] for _ in range(boundaries)]
+        self.paths = self.boundaries[0]
         # The one-kernel bound every backend holds (each may lower the build's).
-        self.ll_one_kernel_rows = min(k.spec.ll_one_kernel_rows for p in self.paths for k in p.kernels.values())
+        self.ll_one_kernel_rows = min(k.spec.ll_one_kernel_rows for paths in self.boundaries for p in paths
+                                      for k in p.kernels.values())
         # pooled_streams (diagnosis only): torch's pooled streams, which may share hardware queues.
         self.streams = ([torch.cuda.Stream(self.device) for _ in range(tp)] if pooled_streams
                         else rank_streams(tp, self.device))
@@ -226,6 +229,13 @@ class ConcurrentGroup:
         self.load_modules()
 
     # -- construction ------------------------------------------------------------------------------
+    def _rank_path(self, spec: BuildSpec, workspace, preset) -> FusedPath:
+        kernels = {name: load_backend(name).build(spec, workspace) for name in self.backends}
+        for name, built in kernels.items():
+            built.on_launch = self._recorder(spec.rank, name)
+        return FusedPath(f"concurrent {self.backend}", kernels, workspace, self.thresholds,
+                         self._router(spec.rank, preset))
+
     def _router(self, rank: int, preset):
         if self.backend == "mixed":
             return lambda call: self._choice[rank]
@@ -252,7 +262,7 @@ class ConcurrentGroup:
         """Load every compiled kernel of every rank now: a first launch that loads its module would
         wait for the GPU to go idle, which it never does while another rank spins. And pin each
         kernel's shared-memory carveout (see ``prefer_shared_memory``)."""
-        for path in self.paths:
+        for path in (path for paths in self.boundaries for path in paths):
             for kernels in path.kernels.values():
                 kernels.load_modules()
                 if self.pin_carveout:
@@ -270,7 +280,7 @@ class ConcurrentGroup:
             if tracked:
                 started, finished = torch.cuda.Event(), torch.cuda.Event()
                 started.record()
-            self.paths[rank].run(rank_call.call)
+            self.boundaries[rank_call.boundary][rank].run(rank_call.call)
             if tracked:
                 finished.record()
                 self.progress[rank] = (self.progress[rank] + [(self.issued[rank], started, finished)])[-PROGRESS_KEPT:]

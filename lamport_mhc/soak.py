@@ -49,8 +49,11 @@ MAX_LEAD = 3              # calls a rank's host issue may run ahead of the slowe
 HOST_AHEAD = 16
 GRAPH_CALLS = (5, 6)      # calls per captured graph: odd and even, so replays start at every generation
 # Calls of more rows go through in parts (AllReduceMHCConfig.chunk_rows): the emulated groups whose
-# capacity passes it (tp = 2) cross part boundaries too.
+# capacity passes it (tp = 2, 3 and 4) cross part boundaries too.
 CHUNK_ROWS = 128
+# Boundaries of the emulated model: paths with kernels of their own over every rank's one workspace
+# (the attention and MoE boundaries share it), each call on one drawn at random.
+BOUNDARIES = 2
 CSV_COLUMNS = ("gpu", "where", "backend", "tp", "hidden", "calls", "graph_replays", "mismatches", "timeouts",
                "seconds")
 
@@ -106,7 +109,8 @@ def append_csv(path, result: SoakResult) -> None:
 # What the emulated ranks keep resident together (one GPU's SMs shared by tp ranks), per tp: the
 # largest M of a call, the cooperative (latency) forms' rows and LL's one-kernel rows. Each build
 # is still checked (``ConcurrentGroup.check_residency``), which refuses with the reason.
-EMULATED_ROWS = {2: (192, 24, 32), 3: (128, 16, 20), 4: (96, 12, 16), 8: (48, 6, 8)}
+# At tp = 8 a part of 128 rows would take the ranks' BT programs past what the SMs hold at H 5120.
+EMULATED_ROWS = {2: (192, 24, 32), 3: (160, 16, 20), 4: (160, 12, 16), 8: (48, 6, 8)}
 
 
 def emulated_rows(tp: int) -> tuple[int, int, int]:
@@ -134,7 +138,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
                             bt_min_rows=bt_min_rows, bt_min_finalize_rows=bt_min_rows,
                             ll_one_kernel_rows=one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows,
                             split_rows=split_rows, chunk_rows=CHUNK_ROWS, spin_timeout_ms=spin_timeout_ms,
-                            pooled_streams=pooled_streams, pin_carveout=pin_carveout)
+                            boundaries=BOUNDARIES, pooled_streams=pooled_streams, pin_carveout=pin_carveout)
     hc, top_k = group.specs[0].hc, group.specs[0].top_k
     quant = group.specs[0].quantize
     pools = draw_pools(tp, capacity, hidden, hc, top_k, seed, device)
@@ -165,6 +169,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
 
     eager_calls = calls if not graphs else max(calls // 4, 1)
     draws = draw_calls(rng, eager_calls, capacity, hidden)
+    boundary_of = [rng.randrange(BOUNDARIES) for _ in draws]  # every rank's call k on the same boundary
     mixed = backend == "mixed"
     # One process issues every rank's calls: a pause of its host thread (the collector walking
     # every compiled kernel's objects, a compile) delays some rank's issue while its peers spin,
@@ -187,7 +192,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
             delay = draw_delay(rng, delayed_share)
             ahead.wait(rank, k)
             gaps.issued(rank, k)
-            group.issue(rank, RankCall(call, delay, rng.choice(group.backends) if mixed else None))
+            group.issue(rank, RankCall(call, delay, rng.choice(group.backends) if mixed else None, boundary_of[k]))
             with torch.cuda.stream(group.streams[rank]):
                 checker.check(rank, k, draws[k].m, *check)
                 ahead.record(rank, k)
@@ -347,6 +352,7 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
     graphs = []
     for index, length in enumerate(GRAPH_CALLS):
         draws = draw_calls(rng, length, capacity, hidden)
+        boundary_of = [rng.randrange(BOUNDARIES) for _ in draws]
         per_rank = []
         for rank in range(group.tp):
             graph = torch.cuda.CUDAGraph()
@@ -358,7 +364,7 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
             with torch.cuda.graph(graph, stream=stream):
                 for k, draw in enumerate(draws):
                     call, check = prepared(draw, rank)
-                    group.issue(rank, RankCall(call, delays[k], backends[k]))
+                    group.issue(rank, RankCall(call, delays[k], backends[k], boundary_of[k]))
                     checker.check(rank, -(1000 * (index + 1) + k), draw.m, *check)
             per_rank.append(graph)
         graphs.append((length, per_rank))
