@@ -21,6 +21,7 @@ from cutlass.cute.runtime import from_dlpack
 
 from lamport_mhc.backend import BuildSpec, ConsumerArgs
 from lamport_mhc.call import Call
+from lamport_mhc.carveout import pin_build
 from lamport_mhc.traffic import STREAMED_ROWS, streams_past_l2
 from lamport_mhc.workspace import Workspace
 
@@ -132,6 +133,8 @@ class CuteKernels:
         # Called with (kernel name, CTAs) at every launch (the concurrent one-GPU group's residency check).
         self.on_launch = None
         self._functions: dict[str, cuda.CUfunction] = {}  # load_modules
+        if device.type == "cuda" and spec.tp > 1:
+            pin_build(self)  # lamport_mhc.carveout: waiting kernels must not starve a peer's
 
     # -- launching -------------------------------------------------------------------------------
     @staticmethod

@@ -13,6 +13,7 @@ import torch
 
 from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support, cuda_device_support, symmetric_memory_support
 from lamport_mhc.call import Call
+from lamport_mhc.carveout import pin_build
 from lamport_mhc.traffic import STREAMED_ROWS, streams_past_l2
 from lamport_mhc.workspace import Workspace
 
@@ -117,6 +118,8 @@ class TritonKernels:
         self.on_launch = None
         if not interpret:
             self._compile_all()
+            if spec.tp > 1:
+                pin_build(self)  # lamport_mhc.carveout: waiting kernels must not starve a peer's
 
     def _split_rows(self) -> int:
         """Calls of at most this many rows take the cooperative form (a program per chunk of a

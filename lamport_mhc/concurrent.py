@@ -21,7 +21,8 @@ construction:
   runs every form once in protocol order (``run_in_protocol_order``) before the ranks run at once;
 - an SM changes its L1 / shared-memory split only while it holds no CTA, and other ranks' programs
   spin on most SMs: a kernel asking for a larger split than theirs could not be placed until the
-  spin gave up. Every kernel is made to ask for the same, largest split (``prefer_shared_memory``);
+  spin gave up. Every kernel asks for the same, largest split (``lamport_mhc.carveout``, which every
+  TP build applies);
 - all ranks' waiting kernels share the SMs: ``Residency`` records what every call launches and
   ``check_residency`` refuses, with the reason, a build whose waiting programs could not all be
   resident together (a timeout would then say nothing about the protocol).
@@ -37,6 +38,7 @@ import torch
 
 from . import layout, presets
 from .backend import BuildSpec, load_backend
+from .carveout import DRIVER_DEFAULT, MAX_SHARED, pin_build
 from .call import Call
 from .paths import FusedPath
 from .selector import Thresholds, mailbox_rows, pick_backends, support_table
@@ -99,28 +101,6 @@ def blocks_per_sm(function, threads: int, shared_bytes: int) -> int:
     if error != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: {error}")
     return count
-
-
-def prefer_shared_memory(function) -> None:
-    """Have every launch of ``function`` configure its SMs for the most shared memory.
-
-    An SM splits its on-chip memory between L1 and shared memory as the kernels placed on it ask
-    (each kernel's preferred carveout, else what its shared memory needs), and changes the split
-    only while it holds no CTA. Ranks that share one GPU keep programs spinning on most SMs for as
-    long as a peer's call has not run, so a peer kernel that needs a larger split than theirs finds
-    no SM it may use until the spin gives up: on one H200 every tp = 4 and 8 soak stalled this way
-    within a few hundred calls, for both backends. With every kernel asking for the same (largest)
-    split, any SM with room takes any kernel. A real group never meets this: no rank's kernels wait
-    for another kernel on the same GPU."""
-    from cuda.bindings import driver
-
-    if isinstance(function, int):  # Triton hands out the raw handle
-        function = driver.CUfunction(function)
-    (error,) = driver.cuFuncSetAttribute(
-        function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-        int(driver.CUshared_carveout.CU_SHAREDMEM_CARVEOUT_MAX_SHARED))
-    if error != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT): {error}")
 
 
 class Residency:
@@ -223,8 +203,6 @@ class ConcurrentGroup:
         self.issued = [0] * tp
         self.progress: list[list] = [[] for _ in range(tp)]
         self._reader = torch.cuda.Stream(self.device)  # reads slots while ranks may spin (explain_timeout)
-        # pin_carveout=False (diagnosis only): each kernel's carveout left to the driver, which
-        # stalls ranks that share SMs (prefer_shared_memory).
         self.pin_carveout = pin_carveout
         self.load_modules()
 
@@ -260,14 +238,12 @@ class ConcurrentGroup:
 
     def load_modules(self) -> None:
         """Load every compiled kernel of every rank now: a first launch that loads its module would
-        wait for the GPU to go idle, which it never does while another rank spins. And pin each
-        kernel's shared-memory carveout (see ``prefer_shared_memory``)."""
+        wait for the GPU to go idle, which it never does while another rank spins. And each kernel's
+        shared-memory carveout as every TP build pins it (``lamport_mhc.carveout``), or, with
+        ``pin_carveout=False`` (diagnosis), the driver's choice, which stalls ranks that share SMs."""
         for path in (path for paths in self.boundaries for path in paths):
             for kernels in path.kernels.values():
-                kernels.load_modules()
-                if self.pin_carveout:
-                    for name in kernels.plan:
-                        prefer_shared_memory(kernels.footprint(name)[0])
+                pin_build(kernels, MAX_SHARED if self.pin_carveout else DRIVER_DEFAULT)
         torch.cuda.synchronize(self.device)
 
     # -- calls -------------------------------------------------------------------------------------

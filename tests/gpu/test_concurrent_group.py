@@ -77,7 +77,8 @@ def _issue_shape_body(rank, world, backend, pin_carveout):
 def test_ranks_sharing_sms_run_when_every_kernel_asks_for_one_carveout(backend):
     """With each kernel's L1 / shared-memory split left to the driver, this run stalled on one H200
     in every try for both backends (a kernel waiting for an SM whose split matched, while other ranks
-    spun on all of them, until the spin gave up); ``prefer_shared_memory`` is what lets it pass."""
+    spun on all of them, until the spin gave up); the pin of ``lamport_mhc.carveout`` is what lets
+    it pass."""
     require_gpus(1)
     require_backend(backend)
     [(summary, ok, messages, _)] = run_ranks(_issue_shape_body, 1, args=(backend, True), timeout_s=1800,
