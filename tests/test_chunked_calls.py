@@ -2,6 +2,7 @@
 groups, bit for bit against the reference, across part boundaries), two instances of a group on one
 workspace, the refusals of unsafe sharing, and the mailbox memory ``info`` reports."""
 
+import csv
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from lamport_mhc import SimulatedGroup
 from lamport_mhc.__main__ import main
 from lamport_mhc.api import AllReduceMHC
 from lamport_mhc.backend import BuildSpec
+from lamport_mhc.bench import chunk_cost
 from lamport_mhc.paths import FusedPath
 from lamport_mhc.selector import Thresholds, mailbox_rows
 from lamport_mhc.testing import check_simulated, random_inputs
@@ -104,3 +106,18 @@ def test_info_reports_the_mailbox_memory_per_gpu(capsys):
     assert main(["info", "--tp", "8", "--hidden", "7168", "--capacity", "16384"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("mailbox memory per GPU:"))
     assert float(line.split(":")[1].split()[0]) <= 256
+
+
+def test_the_cost_of_parts_is_read_from_a_bench_table(tmp_path, capsys):
+    """bench.chunk_cost: M / R calls of R rows against one call of M rows, from the auto path."""
+    header = "tp,hidden,variant,m,path,us_median\n"
+    lines = ["2,4096,plain,2048,auto,100.0", "2,4096,plain,4096,auto,190.0", "2,4096,plain,6144,auto,300.0",
+             "2,4096,plain,4096,cute-bt,150.0", "2,4096,plain,1024,auto,55.0"]
+    table = tmp_path / "t.csv"
+    table.write_text(header + "\n".join(lines) + "\n")
+    with table.open() as f:
+        costs = chunk_cost.chunk_costs(csv.DictReader(f), 2048)
+    assert [(c["m"], round(c["cost"], 4)) for c in costs] == [(4096, round(200 / 190 - 1, 4)), (6144, 0.0)]
+    assert chunk_cost.main([str(table), "--chunk-rows", "2048"]) == 0
+    assert "| 2 | 4096 | plain | 4096 | 190.0 | 200.0 | +5.3% |" in capsys.readouterr().out
+    assert chunk_cost.main([str(table), "--chunk-rows", "512"]) == 1
