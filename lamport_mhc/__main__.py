@@ -203,7 +203,7 @@ def _soak_where(args, soak, turn) -> int:
                                    bt_min_rows=args.bt_min_rows, ll_one_kernel_rows=args.one_kernel_rows,
                                    split_rows=args.split_rows, host_gc=args.host_gc, max_lead=args.max_lead,
                                    delayed_share=args.delayed_share, pooled_streams=args.pooled_streams,
-                                   pin_carveout=not args.default_carveout,
+                                   chunk_rows=args.chunk_rows, pin_carveout=not args.default_carveout,
                                    before_run=turn.acquire if turn is not None else None)
         report = True
     else:
@@ -318,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--pooled-streams", action="store_true",
                       help="one GPU: the ranks on torch's pooled streams, which may share hardware queues (for "
                            "diagnosis; by default each rank gets a stream on a queue of its own)")
+    soak.add_argument("--chunk-rows", type=int, default=soak_defaults.CHUNK_ROWS,
+                      help="one GPU: rows of a call's parts (a multiple of 128 where H takes MXFP8)")
     soak.add_argument("--default-carveout", action="store_true",
                       help="one GPU: leave each kernel's L1 / shared-memory split to the driver (for diagnosis: "
                            "ranks sharing SMs then stall; by default every kernel asks for the largest shared split)")

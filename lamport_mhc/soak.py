@@ -49,7 +49,8 @@ MAX_LEAD = 3              # calls a rank's host issue may run ahead of the slowe
 HOST_AHEAD = 16
 GRAPH_CALLS = (5, 6)      # calls per captured graph: odd and even, so replays start at every generation
 # Calls of more rows go through in parts (AllReduceMHCConfig.chunk_rows): the emulated groups whose
-# capacity passes it (tp = 2, 3 and 4) cross part boundaries too.
+# capacity passes it (tp = 2) cross part boundaries too; builds without MXFP8 (whose parts need not
+# start on 128-row scale tiles) may take smaller parts, so that every tp crosses them.
 CHUNK_ROWS = 128
 # Boundaries of the emulated model: paths with kernels of their own over every rank's one workspace
 # (the attention and MoE boundaries share it), each call on one drawn at random.
@@ -109,8 +110,7 @@ def append_csv(path, result: SoakResult) -> None:
 # What the emulated ranks keep resident together (one GPU's SMs shared by tp ranks), per tp: the
 # largest M of a call, the cooperative (latency) forms' rows and LL's one-kernel rows. Each build
 # is still checked (``ConcurrentGroup.check_residency``), which refuses with the reason.
-# At tp = 8 a part of 128 rows would take the ranks' BT programs past what the SMs hold at H 5120.
-EMULATED_ROWS = {2: (192, 24, 32), 3: (160, 16, 20), 4: (160, 12, 16), 8: (48, 6, 8)}
+EMULATED_ROWS = {2: (192, 24, 32), 3: (128, 16, 20), 4: (96, 12, 16), 8: (48, 6, 8)}
 
 
 def emulated_rows(tp: int) -> tuple[int, int, int]:
@@ -122,7 +122,8 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
                  capacity: int | None = None, spin_timeout_ms: float = 2000.0, bt_min_rows: int | None = None,
                  ll_one_kernel_rows: int | None = None, split_rows: int | None = None, host_gc: bool = False,
                  max_lead: int = MAX_LEAD, delayed_share: float = DELAYED_SHARE, pooled_streams: bool = False,
-                 pin_carveout: bool = True, before_run=None, log=print) -> SoakResult:
+                 chunk_rows: int = CHUNK_ROWS, pin_carveout: bool = True, before_run=None,
+                 log=print) -> SoakResult:
     from .concurrent import ConcurrentGroup, RankCall
 
     if not 1 <= max_lead < HOST_AHEAD:
@@ -137,7 +138,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend,
                             bt_min_rows=bt_min_rows, bt_min_finalize_rows=bt_min_rows,
                             ll_one_kernel_rows=one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows,
-                            split_rows=split_rows, chunk_rows=CHUNK_ROWS, spin_timeout_ms=spin_timeout_ms,
+                            split_rows=split_rows, chunk_rows=chunk_rows, spin_timeout_ms=spin_timeout_ms,
                             boundaries=BOUNDARIES, pooled_streams=pooled_streams, pin_carveout=pin_carveout)
     hc, top_k = group.specs[0].hc, group.specs[0].top_k
     quant = group.specs[0].quantize

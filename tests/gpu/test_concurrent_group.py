@@ -1,7 +1,9 @@
 """Ranks that run at once on one GPU (``ConcurrentGroup``: the ranks as streams of one process):
 every backend, protocol, consumer form and variant at tp 2, 3, 4 and 8 under skew, eager and from
-CUDA graphs, every output compared bit for bit; a missing peer; and the negative control, a build
-whose polls do not wait, which protocol order passes and the concurrent group must fail.
+CUDA graphs, every output compared bit for bit, two boundaries sharing every rank's workspace, calls
+in parts at every tp; a missing peer; the shape that stalled while each kernel's shared-memory split
+was the driver's choice; and the negative control, a build whose polls do not wait, which protocol
+order passes and the concurrent group must fail.
 
 Each case runs in a spawned process (``run_ranks`` with one rank: a hard timeout, and the module
 loader and the hardware queues set before CUDA starts). The cases build at once under
@@ -59,6 +61,26 @@ def test_ranks_at_once_across_backends(backend, tp, hidden):
         require_backend(name)
     [(summary, ok, messages, _)] = run_ranks(_soak_body, 1, args=(tp, backend, hidden, True, 7), timeout_s=1800,
                                              env=EAGER_LOADING)
+    assert ok, summary + "\n" + "\n".join(messages)
+
+
+def _chunked_body(rank, world, tp, backend, chunk_rows):
+    from lamport_mhc.soak import soak_one_gpu
+
+    # H 1400 takes no MXFP8 copy, so parts need not start on 128-row scale tiles: parts of 40 rows
+    # are BT (plain from 37 rows) and the rest LL, and every emulated capacity holds several.
+    result = soak_one_gpu(tp, CALLS, backend, 1400, graphs=True, seed=20 + tp, chunk_rows=chunk_rows,
+                          before_run=_take_the_gpu, log=lambda *_: None)
+    return result.summary(), result.ok, result.messages[:10]
+
+
+@pytest.mark.parametrize("tp", [3, 4, 8])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ranks_at_once_with_calls_in_parts_match_the_reference(backend, tp):
+    require_gpus(1)
+    require_backend(backend)
+    [(summary, ok, messages)] = run_ranks(_chunked_body, 1, args=(tp, backend, 40), timeout_s=1800,
+                                          env=EAGER_LOADING)
     assert ok, summary + "\n" + "\n".join(messages)
 
 
