@@ -33,7 +33,9 @@ def set_carveout(function, carveout: int = MAX_SHARED) -> None:
 
 def pin_build(kernels, carveout: int = MAX_SHARED) -> None:
     """Load every kernel of a GPU build (``Kernels.plan`` names, ``footprint`` handles) and set its
-    carveout: ``MAX_SHARED`` for a TP build, ``DRIVER_DEFAULT`` to undo it (for diagnosis)."""
+    carveout: ``MAX_SHARED`` for a TP build, ``DRIVER_DEFAULT`` to undo it (for diagnosis). Loaded
+    here, no kernel of the build loads its module at a first launch, which would wait for the GPU
+    to go idle (never, while another instance's kernel spins on it)."""
     kernels.load_modules()
     for name in kernels.plan:
         set_carveout(kernels.footprint(name)[0], carveout)
