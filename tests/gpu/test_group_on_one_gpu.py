@@ -16,6 +16,18 @@ CAPACITY = 320
 SIZES = (1, 7, 33, 300)
 
 
+def _mismatch(group, inputs, variant, device) -> str | None:
+    """What differed from the reference in any rank's outputs of one call (None: every bit alike)."""
+    # The reference on the GPU (tests/gpu/test_reference_cuda.py pins it to the CPU's bits).
+    expected = expected_outputs(inputs, variant, EPS, device=device)
+    try:
+        for outputs in call_simulated(group, inputs, variant, EPS):
+            assert_outputs_match(outputs, expected)
+    except (AssertionError, RuntimeError) as error:
+        return str(error)
+    return None
+
+
 def _group_body(rank, world, backend, tp, hidden):
     device = torch.device("cuda", torch.cuda.current_device())
     failures = []
@@ -28,12 +40,8 @@ def _group_body(rank, world, backend, tp, hidden):
             for variant in VARIANTS:
                 inputs = random_inputs(tp, m, hidden, HC, seed=hidden + 10 * m + VARIANTS.index(variant),
                                        top_k=TOP_K, device=device)
-                # The reference on the GPU (tests/gpu/test_reference_cuda.py pins it to the CPU's bits).
-                expected = expected_outputs(inputs, variant, EPS, device=device)
-                try:
-                    for outputs in call_simulated(group, inputs, variant, EPS):
-                        assert_outputs_match(outputs, expected)
-                except (AssertionError, RuntimeError) as error:
+                error = _mismatch(group, inputs, variant, device)
+                if error:
                     failures.append(f"{backend} tp={tp} H={hidden} bt_min_rows={bt_min_rows} {variant} M={m}: {error}")
     return failures
 
@@ -67,13 +75,10 @@ def _parts_body(rank, world, backend, tp, hidden, device=None):
     failures = []
     for i, (group, m, variant) in enumerate(calls):
         inputs = random_inputs(tp, m, hidden, HC, seed=1000 + i, top_k=TOP_K, device=device)
-        expected = expected_outputs(inputs, variant, EPS, device=device)
-        which = "first" if group is first else "second"
-        try:
-            for outputs in call_simulated(group, inputs, variant, EPS):
-                assert_outputs_match(outputs, expected)
-        except (AssertionError, RuntimeError) as error:
-            failures.append(f"{backend} tp={tp} {which} group, {variant} M={m}: {error}")
+        error = _mismatch(group, inputs, variant, device)
+        if error:
+            failures.append(f"{backend} tp={tp} {'first' if group is first else 'second'} group, {variant} M={m}: "
+                            f"{error}")
     return failures
 
 
