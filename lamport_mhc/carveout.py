@@ -14,6 +14,7 @@ takes any of them. A group of one (the local form) never waits and keeps the dri
 from __future__ import annotations
 
 import ctypes
+import functools
 
 # CU_SHAREDMEM_CARVEOUT_MAX_SHARED and CU_SHAREDMEM_CARVEOUT_DEFAULT (the driver's choice).
 MAX_SHARED = 100
@@ -21,11 +22,15 @@ DRIVER_DEFAULT = -1
 _PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
 def set_carveout(function, carveout: int = MAX_SHARED) -> None:
     """Set the preferred carveout of a loaded kernel (Triton's raw handle or a ``CUfunction``),
     through the driver library itself (no binding package needed)."""
-    driver = ctypes.CDLL("libcuda.so.1")
-    status = driver.cuFuncSetAttribute(ctypes.c_void_p(int(function)), ctypes.c_int(_PREFERRED_CARVEOUT),
+    status = _driver().cuFuncSetAttribute(ctypes.c_void_p(int(function)), ctypes.c_int(_PREFERRED_CARVEOUT),
                                        ctypes.c_int(carveout))
     if status != 0:
         raise RuntimeError(f"cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT, {carveout}) returned {status}")

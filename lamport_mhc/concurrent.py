@@ -17,12 +17,13 @@ construction:
   which waits for that publish. Each rank gets a stream of its own created for it, on a queue of
   its own (``rank_streams``), and a group needs ``tp`` queues to spare;
 - a kernel's first (lazy) module load waits for the GPU to go idle, which never happens while a
-  rank spins: ``load_modules`` loads every compiled kernel before any rank runs, and the caller
-  runs every form once in protocol order (``run_in_protocol_order``) before the ranks run at once;
+  rank spins: every TP build loads its kernels when it is built (``carveout.pin_build``), and the
+  caller runs every form once in protocol order (``run_in_protocol_order``) before the ranks run
+  at once;
 - an SM changes its L1 / shared-memory split only while it holds no CTA, and other ranks' programs
   spin on most SMs: a kernel asking for a larger split than theirs could not be placed until the
-  spin gave up. Every kernel asks for the same, largest split (``lamport_mhc.carveout``, which every
-  TP build applies);
+  spin gave up. Every TP build's kernels ask for the same, largest split (``lamport_mhc.carveout``);
+  ``pin_carveout=False`` (diagnosis) gives the choice back to the driver;
 - all ranks' waiting kernels share the SMs: ``Residency`` records what every call launches and
   ``check_residency`` refuses, with the reason, a build whose waiting programs could not all be
   resident together (a timeout would then say nothing about the protocol).
@@ -38,7 +39,7 @@ import torch
 
 from . import layout, presets
 from .backend import BuildSpec, load_backend
-from .carveout import DRIVER_DEFAULT, MAX_SHARED, pin_build
+from .carveout import DRIVER_DEFAULT, pin_build
 from .call import Call
 from .paths import FusedPath
 from .selector import Thresholds, mailbox_rows, pick_backends, support_table
@@ -203,8 +204,11 @@ class ConcurrentGroup:
         self.issued = [0] * tp
         self.progress: list[list] = [[] for _ in range(tp)]
         self._reader = torch.cuda.Stream(self.device)  # reads slots while ranks may spin (explain_timeout)
-        self.pin_carveout = pin_carveout
-        self.load_modules()
+        if not pin_carveout:
+            for path in (path for paths in self.boundaries for path in paths):
+                for kernels in path.kernels.values():
+                    pin_build(kernels, DRIVER_DEFAULT)
+        torch.cuda.synchronize(self.device)
 
     # -- construction ------------------------------------------------------------------------------
     def _rank_path(self, spec: BuildSpec, workspace, preset) -> FusedPath:
@@ -235,16 +239,6 @@ class ConcurrentGroup:
         kernels = self.paths[0].kernels[backend]
         function, threads, shared = kernels.footprint(name)
         return max(1, blocks_per_sm(function, threads, shared)) * self.sms
-
-    def load_modules(self) -> None:
-        """Load every compiled kernel of every rank now: a first launch that loads its module would
-        wait for the GPU to go idle, which it never does while another rank spins. And each kernel's
-        shared-memory carveout as every TP build pins it (``lamport_mhc.carveout``), or, with
-        ``pin_carveout=False`` (diagnosis), the driver's choice, which stalls ranks that share SMs."""
-        for path in (path for paths in self.boundaries for path in paths):
-            for kernels in path.kernels.values():
-                pin_build(kernels, MAX_SHARED if self.pin_carveout else DRIVER_DEFAULT)
-        torch.cuda.synchronize(self.device)
 
     # -- calls -------------------------------------------------------------------------------------
     def issue(self, rank: int, rank_call: RankCall) -> None:

@@ -71,8 +71,8 @@ class SimulatedGroup:
         largest_ll = rows.get("ll_rows") or max_num_tokens
         self.specs = [BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k, tp=tp,
                                 rank=rank, quantize=quantize_layer_input, residual_only=residual_only, **rows,
-                                ll_one_kernel_rows=min(largest_ll, largest_ll if ll_one_kernel_rows is None
-                                                       else ll_one_kernel_rows),
+                                ll_one_kernel_rows=largest_ll if ll_one_kernel_rows is None
+                                else min(largest_ll, ll_one_kernel_rows),
                                 split_rows=split_rows, spin_timeout_ns=GPU_SPIN_TIMEOUT_NS if on_gpu else 0)
                       for rank in range(tp)]
         # share_workspaces_with: another group of the same ranks whose calls this one's interleave with
