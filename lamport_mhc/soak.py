@@ -155,6 +155,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
 
     if before_run is not None:  # e.g. GpuTurn.acquire: built; the GPU to itself from here
         before_run()
+    run_started = time.monotonic()  # ``seconds`` is the run's: neither the build nor a wait for the GPU
     # Every form once in protocol order, with the largest M of each form (the residency check's worst).
     warm = warm_up_draws(group, capacity, hidden)
     for name in group.backends if backend == "mixed" else (None,):
@@ -222,7 +223,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     result.mismatches, messages = checker.read()
     result.messages += messages
     result.outputs_compared = checker.compared
-    result.seconds = time.monotonic() - started
+    result.seconds = time.monotonic() - run_started
     return result
 
 
