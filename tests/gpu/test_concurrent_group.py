@@ -74,7 +74,7 @@ def _chunked_body(rank, world, tp, backend, chunk_rows):
     return result.summary(), result.ok, result.messages[:10]
 
 
-@pytest.mark.parametrize("tp", [3, 4, 8])
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ranks_at_once_with_calls_in_parts_match_the_reference(backend, tp):
     require_gpus(1)
@@ -89,8 +89,8 @@ def _issue_shape_body(rank, world, backend, pin_carveout):
 
     # The shape in which ranks first lost a peer's contribution: LL in the cluster form to 64 rows,
     # no one-kernel form, the ranks' waiting programs near three quarters of the GPU.
-    result = soak_one_gpu(4, 3000, backend, 1408, graphs=False, seed=0, split_rows=64, ll_one_kernel_rows=0,
-                          spin_timeout_ms=1000, pin_carveout=pin_carveout, before_run=_take_the_gpu,
+    result = soak_one_gpu(4, 3000, backend, 1408, graphs=False, seed=0, capacity=96, split_rows=64,
+                          ll_one_kernel_rows=0, spin_timeout_ms=1000, pin_carveout=pin_carveout, before_run=_take_the_gpu,
                           log=lambda *_: None)
     return result.summary(), result.ok, result.messages[:10], result.timeouts
 
