@@ -49,8 +49,16 @@ from .workspace import allocate_host_group
 # builds them), or "mixed": every rank-call on a backend drawn at random (both write the same
 # slots and state words, so the ranks of one call may differ).
 GROUP_BACKENDS = ("triton", "cute", "auto", "mixed")
-# Kernels whose programs wait for other ranks (by name); they must all be resident together.
+# Kernels whose programs wait for other ranks, by what their names contain (a form's name adds a
+# prefix or suffix: CuTe's ``streaming_consumer_ll_plain``, Triton's ``consumer_ll_plain_split``);
+# they must all be resident together.
 WAITING_KERNELS = ("consumer_ll", "consumer_bt", "owner_reduce", "one_kernel")
+
+
+def waits_for_peers(name: str) -> bool:
+    """Whether the kernel named ``name`` polls for other ranks' stores (every form but publishes)."""
+    return any(kind in name for kind in WAITING_KERNELS)
+
 # Of the SMs' capacity, what all ranks' waiting programs of one call may take together: the
 # driver's blocks per SM ignore where clusters may be placed, and a publish must still find room.
 RESIDENT_SHARE = 0.75
@@ -121,7 +129,7 @@ class Residency:
         """Account one rank-call's launches: (backend, kernel name, programs)."""
         parts = []
         for backend, name, programs in launches:
-            if any(name.startswith(kind) for kind in WAITING_KERNELS):
+            if waits_for_peers(name):
                 key = (backend, name)
                 if key not in self._resident:
                     self._resident[key] = self.resident_ctas(backend, name)

@@ -71,6 +71,7 @@ class SoakResult:
     tp: int
     hidden: int
     gpu: str = "cpu"
+    capacity: int = 0          # the largest M a call drew
     calls: int = 0
     graph_replays: int = 0     # calls among ``calls`` that ran from replayed CUDA graphs
     outputs_compared: int = 0
@@ -84,7 +85,7 @@ class SoakResult:
         return not self.mismatches and not self.timeouts
 
     def summary(self) -> str:
-        return (f"soak {self.where} {self.backend} tp={self.tp} H={self.hidden}: {self.calls} calls "
+        return (f"soak {self.where} {self.backend} tp={self.tp} H={self.hidden} M<={self.capacity}: {self.calls} calls "
                 f"({self.graph_replays} from graph replays), {self.outputs_compared} outputs compared, "
                 f"{self.mismatches} mismatches, {self.timeouts} timeouts, {self.seconds:.1f} s")
 
@@ -99,7 +100,7 @@ def append_csv(path, result: SoakResult) -> None:
     new = not path.exists() or path.stat().st_size == 0
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
         if new:
             writer.writeheader()
         writer.writerow(result.csv_row())
@@ -116,9 +117,32 @@ def append_csv(path, result: SoakResult) -> None:
 EMULATED_ROWS = {2: (112, 24, 32), 3: (96, 16, 20), 4: (80, 12, 16), 8: (48, 6, 8)}
 
 
+# A default capacity the residency check refuses is fitted instead: scaled by what the check
+# allows over what the worst call took (with this margin), the group rebuilt, up to FIT_TRIES
+# builds in all and never below FIT_MIN_ROWS. Some forms hold fewer CTAs per SM than others (CuTe's
+# streaming LL consumer at tp 8 and H >= 2560: one, so 8 ranks' LL calls fit 12 rows, not 42).
+FIT_MARGIN = 0.9
+FIT_TRIES = 4
+FIT_MIN_ROWS = 4
+
+
 def emulated_rows(tp: int) -> tuple[int, int, int]:
     """(capacity, split rows, one-kernel rows) of an emulated group of ``tp`` ranks."""
     return EMULATED_ROWS.get(tp, EMULATED_ROWS[8])
+
+
+def emulated_thresholds(preset_rows: tuple[int, int], capacity: int) -> tuple[int, int]:
+    """BT thresholds (plain, finalize) of an emulated group: the preset's, each lowered to half the
+    capacity where the emulated group's rows (fewer than production's) would never reach it, so
+    that both protocols run."""
+    half = max(2, capacity // 2)
+    return min(preset_rows[0], half), min(preset_rows[1], half)
+
+
+def fitted_capacity(capacity: int, share: float, allowed: float) -> int:
+    """A capacity whose worst call should take at most ``allowed`` of the GPU, from ``capacity``,
+    whose worst took ``share`` (all ranks' waiting programs scale with a call's rows)."""
+    return min(capacity - 1, int(capacity * allowed * FIT_MARGIN / share))
 
 
 def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool, seed: int = 0,
@@ -127,31 +151,39 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
                  max_lead: int = MAX_LEAD, delayed_share: float = DELAYED_SHARE, pooled_streams: bool = False,
                  chunk_rows: int = CHUNK_ROWS, pin_carveout: bool = True, before_run=None,
                  log=print) -> SoakResult:
-    from .concurrent import ConcurrentGroup, RankCall
+    from . import presets
+    from .concurrent import RESIDENT_SHARE, ConcurrentGroup, EmulationError, RankCall
 
     if not 1 <= max_lead < HOST_AHEAD:
         raise ValueError(f"max_lead must lie in [1, {HOST_AHEAD}), got {max_lead}")
     started = time.monotonic()
     default_capacity, default_split_rows, one_kernel_rows = emulated_rows(tp)
+    fit = capacity is None  # a capacity the caller chose is refused, not fitted
     capacity = capacity or default_capacity
     split_rows = default_split_rows if split_rows is None else split_rows
+    one_kernel_rows = one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows
     device = torch.device("cuda", torch.cuda.current_device())
+    preset = presets.lookup(presets.gpu_family(torch.cuda.get_device_capability(device)), tp, hidden)
     result = SoakResult("one-gpu", backend, tp, hidden, gpu=torch.cuda.get_device_name(device))
-    log(f"building {tp} ranks of {backend} at H={hidden}, capacity {capacity}")
-    group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend,
-                            bt_min_rows=bt_min_rows, bt_min_finalize_rows=bt_min_rows,
-                            ll_one_kernel_rows=one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows,
-                            split_rows=split_rows, chunk_rows=chunk_rows, spin_timeout_ms=spin_timeout_ms,
-                            boundaries=BOUNDARIES, pooled_streams=pooled_streams, pin_carveout=pin_carveout)
+
+    def build(rows: int):
+        bt_rows = ((bt_min_rows, bt_min_rows) if bt_min_rows is not None else
+                   emulated_thresholds((preset.bt_min_rows, preset.bt_min_finalize_rows), rows))
+        log(f"building {tp} ranks of {backend} at H={hidden}, capacity {rows}")
+        return ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=rows, backend=backend, bt_min_rows=bt_rows[0],
+                               bt_min_finalize_rows=bt_rows[1], ll_one_kernel_rows=one_kernel_rows,
+                               split_rows=split_rows, chunk_rows=chunk_rows, spin_timeout_ms=spin_timeout_ms,
+                               boundaries=BOUNDARIES, pooled_streams=pooled_streams, pin_carveout=pin_carveout)
+
+    group = build(capacity)
     hc, top_k = group.specs[0].hc, group.specs[0].top_k
     quant = group.specs[0].quantize
+    # Drawn at the first capacity, the largest: a fitted group's calls read prefixes of them.
     pools = draw_pools(tp, capacity, hidden, hc, top_k, seed, device)
     checker = OutputChecker(tp, device, scale_rows(capacity, hidden, device) if quant else None)
     buffers = [RankBuffers.allocate(capacity, hidden, hc, quant, device) for _ in range(tp)]
     rng = random.Random(seed)
-    log(f"built and pools drawn in {time.monotonic() - started:.1f} s; backends {group.backends}, "
-        f"BT from {group.thresholds.bt_min_rows} / {group.thresholds.bt_min_finalize_rows} rows, "
-        f"one-kernel LL up to {group.ll_one_kernel_rows} rows")
+    log(f"built and pools drawn in {time.monotonic() - started:.1f} s; backends {group.backends}")
 
     def prepared(draw: Draw, rank: int):
         return rank_call(draw, rank, pools[draw.pool], buffers[rank], hidden, hc)
@@ -159,18 +191,33 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     if before_run is not None:  # e.g. GpuTurn.acquire: built; the GPU to itself from here
         before_run()
     run_started = time.monotonic()  # ``seconds`` is the run's: neither the build nor a wait for the GPU
-    # Every form once in protocol order, with the largest M of each form (the residency check's worst).
-    warm = warm_up_draws(group, capacity, hidden)
-    for name in group.backends if backend == "mixed" else (None,):
-        for call_id, draw in enumerate(warm):
-            prepared_calls = [prepared(draw, rank) for rank in range(tp)]
-            group.run_in_protocol_order([c for c, _ in prepared_calls], name)
-            for rank, (_, check) in enumerate(prepared_calls):
-                checker.check(rank, -1 - call_id, draw.m, *check)
-    group.synchronize()
-    group.check_residency()
-    log(f"warm-up: {len(warm)} calls in protocol order; residency: each rank's worst call takes "
-        f"{group.residency.worst:.3f} of the GPU ({tp} ranks: {tp * group.residency.worst:.2f})")
+    for tries in range(1, FIT_TRIES + 1):
+        # Every form once in protocol order, with the largest M of each (the residency check's worst).
+        warm = warm_up_draws(group, capacity, hidden)
+        for name in group.backends if backend == "mixed" else (None,):
+            for call_id, draw in enumerate(warm):
+                prepared_calls = [prepared(draw, rank) for rank in range(tp)]
+                group.run_in_protocol_order([c for c, _ in prepared_calls], name)
+                for rank, (_, check) in enumerate(prepared_calls):
+                    checker.check(rank, -1 - call_id, draw.m, *check)
+        group.synchronize()
+        try:
+            group.check_residency()
+            break
+        except EmulationError as refusal:
+            fitted = fitted_capacity(capacity, tp * group.residency.worst, RESIDENT_SHARE)
+            if not fit or tries == FIT_TRIES or fitted < FIT_MIN_ROWS:
+                raise
+            log(f"capacity {capacity} refused, fitted to {fitted}: {refusal}")
+            del group
+            gc.collect()
+            capacity = fitted
+            group = build(capacity)
+    result.capacity = capacity
+    log(f"warm-up: {len(warm)} calls in protocol order; BT from {group.thresholds.bt_min_rows} / "
+        f"{group.thresholds.bt_min_finalize_rows} rows, one-kernel LL up to {group.ll_one_kernel_rows} rows; "
+        f"residency: each rank's worst call takes {group.residency.worst:.3f} of the GPU "
+        f"({tp} ranks: {tp * group.residency.worst:.2f})")
 
     eager_calls = calls if not graphs else max(calls // 4, 1)
     draws = draw_calls(rng, eager_calls, capacity, hidden)
@@ -417,7 +464,7 @@ def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int 
         dist.init_process_group("nccl" if on_gpu else "gloo")
     tp, rank = dist.get_world_size(), dist.get_rank()
     result = SoakResult("gpus" if on_gpu else "processes", backend, tp, hidden,
-                        gpu=torch.cuda.get_device_name(device) if on_gpu else "cpu")
+                        gpu=torch.cuda.get_device_name(device) if on_gpu else "cpu", capacity=capacity)
     quant = hidden % layout.HIDDEN_MULTIPLE_MXFP8 == 0
     op = AllReduceMHC(hidden, 4, capacity, 6, device, quantize_layer_input=quant, residual_only=True,
                       config=AllReduceMHCConfig(backend=backend, spin_timeout_ms=spin_timeout_ms))
@@ -488,7 +535,7 @@ def soak_simulated(tp: int, calls: int, hidden: int, *, seed: int = 0, capacity:
     from .testing import assert_same_bits
 
     started = time.monotonic()
-    result = SoakResult("simulated", "triton", tp, hidden)
+    result = SoakResult("simulated", "triton", tp, hidden, capacity=capacity)
     quant = hidden % layout.HIDDEN_MULTIPLE_MXFP8 == 0
     bt_min = max(2, capacity // 2)
     group = SimulatedGroup(tp, hidden_size=hidden, hc_mult=4, max_num_tokens=capacity, top_k=6, backend="triton",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lamport_mhc.__main__ import main
-from lamport_mhc.concurrent import RESIDENT_SHARE, ConcurrentGroup, EmulationError, Residency
+from lamport_mhc.concurrent import RESIDENT_SHARE, ConcurrentGroup, EmulationError, Residency, waits_for_peers
 from lamport_mhc.mxfp8 import mxfp8_quantize_reference, mxfp8_scale_bytes
 from lamport_mhc.soak import CSV_COLUMNS, HostGaps
 from lamport_mhc.soak_calls import POOLS, VARIANTS, draw_calls, scale_rows
@@ -22,7 +22,7 @@ def test_soak_on_a_cpu_runs_every_variant_through_the_simulated_group(tmp_path, 
     out = tmp_path / "soak.csv"
     assert main(["soak", "--tp", "3", "--hidden", "256", "--calls", "30", "--out", str(out)]) == 0
     summary = capsys.readouterr().out.strip().splitlines()[-1]
-    assert summary.startswith("soak simulated triton tp=3 H=256: 30 calls (0 from graph replays), ")
+    assert summary.startswith("soak simulated triton tp=3 H=256 M<=12: 30 calls (0 from graph replays), ")
     assert summary.count(" 0 mismatches, 0 timeouts") == 1
     compared = int(summary.split("), ")[1].split(" outputs")[0])
     assert compared >= 30 * 3 * 2  # every rank's streams and at least one more output a call
@@ -110,6 +110,42 @@ def test_residency_keeps_the_worst_waiting_share_and_refuses_past_it():
     with pytest.raises(EmulationError, match="owner_reduce_bt: 132 programs, 528 resident"):
         ConcurrentGroup.check_residency(group)
     assert 4 * 0.25 > RESIDENT_SHARE >= 3 * 0.25
+
+
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+@pytest.mark.parametrize("tp", [2, 8])
+def test_the_residency_check_counts_every_form_of_every_polling_kernel(backend, tp):
+    """Every kernel of a TP build but its publishes waits for other ranks, whatever its form's
+    name adds (CuTe's streaming consumers once went uncounted: at tp 8, H >= 2560 their one CTA
+    per SM let 8 ranks' LL calls of 36 rows ask for 288 resident CTAs of 132, and ranks stalled
+    in a build the check had passed)."""
+    from lamport_mhc.backend import BuildSpec
+
+    if backend == "cute":
+        pytest.importorskip("cutlass")
+        from kernels_cute.plan import kernel_plan
+    else:
+        from kernels_triton.plan import kernel_plan
+    spec = BuildSpec(hidden=5120, hc=4, capacity=48, top_k=6, tp=tp, rank=0, quantize=True, residual_only=True,
+                     bt=True, ll_one_kernel_rows=8, ll_rows=42, bt_rows=48)
+    plan = kernel_plan(spec) if backend == "cute" else kernel_plan(spec, on_gpu=False)
+    publishes = {name for name in plan if name.startswith(("publish_", "finalize_publish_"))}
+    assert publishes == {"publish_ll", "publish_bt", "finalize_publish_ll", "finalize_publish_bt"}
+    assert {name for name in plan if not waits_for_peers(name)} == publishes
+    assert any(name.startswith("streaming_") for name in plan) == (backend == "cute")
+
+
+def test_an_emulated_group_runs_both_protocols_and_fits_its_rows_to_the_residency_check():
+    from lamport_mhc.soak import FIT_MARGIN, emulated_thresholds, fitted_capacity
+
+    assert emulated_thresholds((37, 43), 48) == (24, 24)   # BT reached within the emulated rows
+    assert emulated_thresholds((37, 43), 96) == (37, 43)   # the preset's where they are reached
+    assert emulated_thresholds((128, 128), 3) == (2, 2)
+    # CuTe tp 8, H 5120: all ranks' LL calls took 2.5 of the GPU at 48 rows.
+    fitted = fitted_capacity(48, 2.5, RESIDENT_SHARE)
+    assert fitted == int(48 * RESIDENT_SHARE * FIT_MARGIN / 2.5) and fitted * 2.5 / 48 <= RESIDENT_SHARE
+    assert fitted_capacity(48, 0.76, RESIDENT_SHARE) == 42  # never the same capacity again
+    assert fitted_capacity(48, 0.7501, 0.75) < 48
 
 
 def _torchrun_body(rank, world):
