@@ -269,13 +269,18 @@ class ConcurrentGroup:
         """One call of every rank in protocol order (every publish, owner reduce, then consumer) on
         the current stream, then a synchronize: nothing waits for a launch still to come. An LL
         call that takes the one-kernel form (whose programs wait for their twins) is issued on the
-        ranks' streams at once instead, which is safe once every module is loaded. ``backend``: a
-        "mixed" group's backend for every rank (default: its first)."""
+        ranks' streams at once instead, which is safe once every module is loaded, after what the
+        caller enqueued on the current stream (the checks of its previous call read and poison the
+        buffers this call writes; the ranks' streams are non-blocking, nothing else orders them).
+        ``backend``: a "mixed" group's backend for every rank (default: its first)."""
         self._choice = [backend or self.backends[0]] * self.tp
         paths = self.paths
         for parts in zip(*(path.parts(call) for path, call in zip(paths, calls))):
             protocol = paths[0].protocol(parts[0])
             if any(FusedPath._one_kernel(p.kernels[p.backend(c)], c, protocol) for p, c in zip(paths, parts)):
+                current = torch.cuda.current_stream(self.device)
+                for stream in self.streams:
+                    stream.wait_stream(current)
                 for rank, part in enumerate(parts):
                     self.issue(rank, RankCall(part, backend=self._choice[rank]))
             else:

@@ -84,6 +84,39 @@ def test_ranks_at_once_with_calls_in_parts_match_the_reference(backend, tp):
     assert ok, summary + "\n" + "\n".join(messages)
 
 
+def _ordered_after_the_caller_body(rank, world, backend):
+    from lamport_mhc.concurrent import ConcurrentGroup, sleep_us
+    from lamport_mhc.soak_calls import POISON_BYTE, Draw, Pool, RankBuffers, rank_call
+
+    tp, hidden, capacity = 2, 1408, 32
+    group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend, ll_one_kernel_rows=8)
+    _take_the_gpu()
+    device = group.device
+    pool = Pool(tp, capacity, hidden, 4, 6, 9, 1e-6, device)
+    buffers = [RankBuffers.allocate(capacity, hidden, 4, True, device) for _ in range(tp)]
+    draw = Draw("plain", 4, 0)  # LL's one-kernel form: issued on the ranks' own streams
+    prepared = [rank_call(draw, r, pool, buffers[r], hidden, 4) for r in range(tp)]
+    group.run_in_protocol_order([call for call, _ in prepared])
+    sleep_us(50_000)  # the caller's work on its stream (a check that reads and poisons) comes late
+    for b in buffers:
+        b.residual_out.view(torch.uint8).fill_(POISON_BYTE)
+    group.run_in_protocol_order([call for call, _ in prepared])
+    torch.cuda.synchronize()
+    return [torch.equal(outputs[0].view(torch.int16), expected[0][:draw.m].view(torch.int16))
+            for _, (outputs, expected) in prepared]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_protocol_order_runs_after_what_the_caller_enqueued(backend):
+    """The warm-up's one-kernel calls run on the ranks' non-blocking streams: unless they wait for
+    the caller's stream, the poison of the previous call's check lands on their outputs (seen as
+    warm-up mismatches without a timeout while other processes slowed the GPU)."""
+    require_gpus(1)
+    require_backend(backend)
+    [same] = run_ranks(_ordered_after_the_caller_body, 1, args=(backend,), timeout_s=900, env=EAGER_LOADING)
+    assert same == [True, True]
+
+
 def _issue_shape_body(rank, world, backend, pin_carveout):
     from lamport_mhc.soak import soak_one_gpu
 
