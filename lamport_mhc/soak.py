@@ -110,10 +110,11 @@ def append_csv(path, result: SoakResult) -> None:
 
 # What the emulated ranks keep resident together (one GPU's SMs shared by tp ranks), per tp: the
 # largest M of a call, the cooperative (latency) forms' rows and LL's one-kernel rows. Each build
-# is still checked (``ConcurrentGroup.check_residency``), which refuses with the reason. Bound by
-# Triton's BT at H 5120 on 132 SMs: a call at capacity keeps (capacity / tp) x 5 owner-reduce
-# programs (1584 resident at once) and capacity consumer programs (792) waiting on each rank; these
-# rows keep all ranks' share near 0.65 of the 0.75 allowed.
+# is still checked (``ConcurrentGroup.check_residency``), which refuses with the reason, and a
+# default it refuses is fitted down (below). Set by Triton's BT at H 5120 on 132 SMs: a call at
+# capacity keeps (capacity / tp) x 5 owner-reduce programs (1584 resident at once) and capacity
+# consumer programs (792) waiting on each rank; these rows keep all ranks' share near 0.65 of the
+# 0.75 allowed. Forms that hold fewer CTAs per SM (CuTe's streaming consumers) get fewer rows.
 EMULATED_ROWS = {2: (112, 24, 32), 3: (96, 16, 20), 4: (80, 12, 16), 8: (48, 6, 8)}
 
 
