@@ -16,6 +16,10 @@ median (min, max) over ``--replays`` is reported. In the same run:
 - ``unfused-best``: the fastest of those all-reduces at each M, then the strong kernels, as one
   graph (one GPU: the strong kernels alone); ``unfused-nccl`` / ``unfused-one-shot``: NCCL or
   one-shot, then the tail in compiled torch ops (the baseline of earlier results);
+- ``tilekernels-tail``: DeepSeek's tile-kernels (``mhc_post``, ``mhc_pre_apply_mix``; finalize: its
+  ``moe.reduce_fused`` first), then the strong tail's RMSNorm (and MXFP8 copy), after the fastest
+  all-reduce as unfused-best, each shape's outputs checked against the reference before it is timed
+  (hc = 4 only; ``pip install 'lamport-mhc[tilekernels]'``);
 - with ``--hc 1`` (post = comb = pre = 1, where the op is all-reduce + residual add + RMSNorm):
   FlashInfer's fused kernels ``flashinfer-fusion-oneshot`` / ``-twoshot`` (finalize: its MoE-finalize
   fusion);

@@ -18,11 +18,15 @@ FLASHINFER_FUSED = ("flashinfer-fusion-oneshot", "flashinfer-fusion-twoshot")
 ALLREDUCE_ALONE = ("nccl_all_reduce", "one_shot_all_reduce", "two_shot_all_reduce", "flashinfer_all_reduce",
                    "vllm_custom_all_reduce")
 STRONG_TAIL = "strong-tail"
+# DeepSeek's own mHC kernels (tile-kernels), what an engine runs without this project: after the
+# fastest all-reduce (tp > 1), the whole op like unfused-best.
+TILEKERNELS_TAIL = "tilekernels-tail"
 LAMPORT_FLOOR = "lamport-ar-floor"
-PATHS = FUSED + UNFUSED + (STRONG_TAIL,) + ALLREDUCE_ALONE + FLASHINFER_FUSED + (LAMPORT_FLOOR,)
+PATHS = (FUSED + UNFUSED + (STRONG_TAIL, TILEKERNELS_TAIL) + ALLREDUCE_ALONE + FLASHINFER_FUSED
+         + (LAMPORT_FLOOR,))
 
 
 def whole_op_alternatives(hc: int) -> tuple[str, ...]:
     """The paths whose fastest row is a fused row's ``speedup_vs_best`` baseline."""
-    return UNFUSED + (FLASHINFER_FUSED if hc == 1 else ())
+    return UNFUSED + (TILEKERNELS_TAIL,) + (FLASHINFER_FUSED if hc == 1 else ())
 

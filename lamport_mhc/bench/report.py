@@ -75,6 +75,12 @@ def _ranges(ms) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in groups)
 
 
+def _skipped_path(note: dict) -> tuple | None:
+    """(hidden, hc, variant, path) of a skip note, or None for another note."""
+    skipped = note.get("skipped")
+    return None if skipped is None else (note["hidden"], skipped["hc"], skipped["variant"], skipped["path"])
+
+
 def with_speedups(rows: list[dict]) -> list[dict]:
     """Every row's speedup against the unfused NCCL row of its shape (``speedup_vs_unfused``) and
     against the fastest alternative that does the whole op (``speedup_vs_best``: the unfused paths,
@@ -109,14 +115,18 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
     notes = [{"hidden": h, "text": f"ceilings for H={h}: {_ceiling_text(ceilings)}"} for h in args.hidden] + list(notes)
     if merge:
         measured = {_row_key(r) for r in rows}
+        measured_paths = {(r["hidden"], r.get("hc", HC), r["variant"], r["path"]) for r in rows}
         rows = [r for r in read_rows(merge) if _row_key(r) not in measured] + list(rows)
         old_notes = notes_path(merge)
         if old_notes.exists():
             # A note the new run gave again is replaced; what the earlier run left unmeasured for
-            # lack of time is stale wherever this run measured that hidden size.
+            # lack of time is stale wherever this run measured that hidden size, and an earlier skip
+            # of a path wherever this run measured that path (at that hidden size and variant: a path
+            # timed in a process of its own, say, which the main run could not import).
             subjects = {_note_key(n) for n in notes}
             subjects |= {(h, f"{TIME_BUDGET} H={h}") for h in args.hidden}
-            notes = [n for n in json.loads(old_notes.read_text()) if _note_key(n) not in subjects] + notes
+            notes = [n for n in json.loads(old_notes.read_text())
+                     if _note_key(n) not in subjects and _skipped_path(n) not in measured_paths] + notes
         else:
             print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
                   "run's notes", flush=True)
@@ -195,8 +205,9 @@ def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings
              "their byte floor).", "",
              "Speedup columns: `speedup` is over `unfused-nccl` (NCCL, then the tail in compiled torch ops); "
              "`vs best` is over the fastest alternative that does the whole op: `unfused-best` (the fastest "
-             "all-reduce of the run, then the strong Triton tail), the other unfused paths and, at hc = 1, "
-             "FlashInfer's fused all-reduce + residual + RMSNorm kernels.", ""]
+             "all-reduce of the run, then the strong Triton tail), the other unfused paths, "
+             "`tilekernels-tail` (DeepSeek's tile-kernels for the tail) and, at hc = 1, FlashInfer's fused "
+             "all-reduce + residual + RMSNorm kernels.", ""]
     for hc in sorted({r["hc"] for r in rows}):
         lines += _fused_table(rows, hc) + _tail_table(rows, hc)
     lines += ["Plots: " + (", ".join(plots) or "none (matplotlib missing)"), ""]

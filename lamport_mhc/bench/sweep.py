@@ -15,9 +15,10 @@ from .collective import Collective, agree, attempt
 from .flashinfer_peers import FlashInferPeers
 from .floors import Ceilings, floor_us, tail_bytes
 from .lamport_floor import FLOOR_MAX_ROWS, LamportFloor
-from .names import ALLREDUCE_ALONE, FLASHINFER_FUSED, LAMPORT_FLOOR, STRONG_TAIL
+from .names import ALLREDUCE_ALONE, FLASHINFER_FUSED, LAMPORT_FLOOR, STRONG_TAIL, TILEKERNELS_TAIL
 from .report import TAIL_BAR_FROM_M, TIME_BUDGET, skip_note, write_results
 from .strong_tail import STRATEGIES, StrongFinalize, StrongTail
+from .tilekernels_tail import NORM_FORMS, Agreement, TileKernels
 from .timing import time_graph
 
 EPS = 1e-6
@@ -35,6 +36,7 @@ class Sweep:
         self.notes: list[dict] = []  # {"hidden": int | None, "text": str}
         self.skips: dict[tuple, set] = {}  # (hidden, variant, path, reason) -> the Ms (empty: every M)
         self.flashinfer = FlashInferPeers(self.coll, log=self.log)
+        self.tilekernels = TileKernels(self.coll, self.hc)
         self.deadline: float | None = None  # time.monotonic() after which no new M is started
         self.stopped = False
         if args.compile_tail and (self.wanted("unfused-nccl") or self.wanted("unfused-one-shot")):
@@ -122,11 +124,16 @@ class Sweep:
         return ops
 
     def _allreduce_peers(self, hidden: int, capacity: int) -> dict:
-        """The all-reduces alone that are wanted, or needed as candidates of unfused-best."""
+        """The all-reduces alone that are wanted, or needed as candidates of unfused-best or
+        tilekernels-tail. A candidate only tilekernels-tail asked for is not reported when it cannot
+        run (that path's note names the all-reduces it chose from): it may run in a process of its
+        own, where a skip would contradict the rows of the main run it is merged into."""
         best = self.wanted("unfused-best") and self.tp > 1
-        need = {p: self.wanted(p) or best for p in ALLREDUCE_ALONE}
-        need["nccl_all_reduce"] |= self.wanted("unfused-nccl")
-        need["one_shot_all_reduce"] |= self.wanted("unfused-one-shot")
+        reported = {p: self.wanted(p) or best for p in ALLREDUCE_ALONE}
+        reported["nccl_all_reduce"] |= self.wanted("unfused-nccl")
+        reported["one_shot_all_reduce"] |= self.wanted("unfused-one-shot")
+        candidates = self.wanted(TILEKERNELS_TAIL) and self.tp > 1
+        need = {p: reported[p] or candidates for p in ALLREDUCE_ALONE}
         peers = {}
         if need["nccl_all_reduce"]:
             peers["nccl_all_reduce"] = NcclAllReduce(self.coll, capacity, hidden, self.device)
@@ -139,16 +146,16 @@ class Sweep:
                     continue
                 if failed is None:
                     peers[path] = kind(holder["stage"])
-                else:
+                elif reported[path]:
                     self.skip(hidden, "plain", path, f"symmetric memory is unavailable ({failed})")
         for path in ("flashinfer_all_reduce", "vllm_custom_all_reduce"):
             if need[path]:
-                peer = self._flashinfer_peer(hidden, "plain", path, capacity)
+                peer = self._flashinfer_peer(hidden, "plain", path, capacity, report=reported[path])
                 if peer is not None:
                     peers[path] = peer
         return peers
 
-    def _flashinfer_peer(self, hidden: int, variant: str, path: str, capacity: int):
+    def _flashinfer_peer(self, hidden: int, variant: str, path: str, capacity: int, report: bool = True):
         reason = self.flashinfer.reason(path)
         holder: dict = {}
         if reason is None:
@@ -156,7 +163,8 @@ class Sweep:
                 peer=self.flashinfer.make(path, capacity, hidden, self.device))))
             reason = None if failed is None else f"creating its workspace failed ({failed})"
         if reason is not None:
-            self.skip(hidden, variant, path, reason)
+            if report:
+                self.skip(hidden, variant, path, reason)
             return None
         return holder["peer"]
 
@@ -171,6 +179,25 @@ class Sweep:
                 if peer is not None:
                     peers[path] = peer
         return peers
+
+    def _tilekernels_tail(self, hidden: int):
+        """DeepSeek's tile-kernels at this hidden size, or None (not wanted, or skipped with why)."""
+        if not self.wanted(TILEKERNELS_TAIL):
+            return None
+        reason = self.tilekernels.reason()
+        holder: dict = {}
+        if reason is None:
+            failed = agree(self.coll, attempt(lambda: holder.update(
+                tail=self.tilekernels.tail(hidden, self.args.top_k))))
+            reason = None if failed is None else f"building it failed ({failed})"
+        if reason is not None:
+            for variant in self.args.variants:
+                self.skip(hidden, variant, TILEKERNELS_TAIL, reason)
+            return None
+        if not holder["tail"].reduce_fused and "finalize" in self.args.variants:
+            self.note(hidden, f"{TILEKERNELS_TAIL} finalize H={hidden}: the strong tail's MoE finalize (tile-kernels' "
+                              f"reduce_fused needs H % 256 == 0)")
+        return holder["tail"]
 
     # -- the sweep -------------------------------------------------------------------------------
     def out_of_time(self) -> bool:
@@ -189,6 +216,8 @@ class Sweep:
         tails = {variant: {strategy: StrongTail(hidden, self.hc, quantize=variant == "quant", strategy=strategy)
                            for strategy in STRATEGIES} for variant in self.args.variants}
         finalize = StrongFinalize(hidden, self.args.top_k)
+        tilekernels = self._tilekernels_tail(hidden)
+        tilekernels_runs: dict = {"forms": {}, "allreduces": {}, "agreement": []}
         floor = None
         if self.wanted(LAMPORT_FLOOR):
             if self.tp == 1:
@@ -219,6 +248,7 @@ class Sweep:
                     self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings, chosen,
                                       kernels)
                     self._torch_tail_rows(shape, peers)
+                    self._tilekernels_rows(shape, tilekernels, peers, allreduce_us, ceilings, tilekernels_runs)
                     self._fusion_rows(shape, fusion, ceilings)
                     if variant == "plain" and floor is not None and m <= FLOOR_MAX_ROWS:
                         out = torch.empty_like(shape.x)
@@ -233,6 +263,7 @@ class Sweep:
                 if error:
                     self.note(hidden, f"closing {peer.name} H={hidden}: {error}")
         self._summary_notes(hidden, ceilings, chosen, kernels)
+        self._tilekernels_notes(hidden, tilekernels_runs, peers)
 
     def _time_allreduces(self, hidden: int, m: int, peers: dict) -> dict[str, float]:
         """Each all-reduce alone at M rows (recorded under plain); their medians for unfused-best."""
@@ -338,6 +369,61 @@ class Sweep:
             if samples:
                 self.record(shape.hidden, shape.variant, shape.m, path, samples)
 
+    def _tilekernels_rows(self, shape, tail, peers: dict, allreduce_us: dict, ceilings: Ceilings, runs: dict) -> None:
+        """tilekernels-tail: its kernels after the fastest all-reduce (tp > 1, as unfused-best), the
+        norm in whichever form is faster at this M; one call checked against the reference first, the
+        verdict the same on every rank (a call that disagrees is skipped, not timed)."""
+        if tail is None:
+            return
+        hidden, variant, m = shape.hidden, shape.variant, shape.m
+        peer = None
+        if self.tp > 1:
+            if not allreduce_us:
+                self.skip(hidden, variant, TILEKERNELS_TAIL, "no all-reduce ran at this M", m)
+                return
+            runs["allreduces"][m] = min(allreduce_us, key=allreduce_us.get)
+            peer = peers[runs["allreduces"][m]]
+        holder: dict = {}
+
+        def run(form):
+            reduced = holder["call"].contribution()
+            if peer is not None:
+                reduced = peer(reduced)
+            holder["call"].tail(reduced, form)
+            return reduced
+
+        def check():
+            holder["call"] = tail.bind(shape.x, shape.consumer, shape.finalize_inputs, shape.mxfp8)
+            holder["agreement"] = holder["call"].check(run(NORM_FORMS[0]))
+
+        problem = attempt(check)
+        if problem is None and holder["agreement"].failure is not None:
+            problem = f"outputs disagree with the reference: {holder['agreement'].failure}"
+        problem = agree(self.coll, problem)
+        if problem is not None:
+            self.skip(hidden, variant, TILEKERNELS_TAIL, problem, m)
+            return
+        runs["agreement"].append(holder["agreement"])
+        timings, failures = {}, []
+        for form in NORM_FORMS:
+            try:
+                timings[form] = time_graph(lambda f=form: run(f), self.args.calls, self.args.replays,
+                                           None if peer is None else peer.after_capture)
+            except Exception as error:  # noqa: BLE001 - a form that fails is noted; all failing, skipped
+                failures.append(f"{form} form: {type(error).__name__}: {error}".splitlines()[0])
+        if not timings:
+            self.skip(hidden, variant, TILEKERNELS_TAIL, failures[0], m)
+            return
+        for failure in failures:
+            self.note(hidden, f"{TILEKERNELS_TAIL} {variant} H={hidden} M={m}: {failure}")
+        form = min(timings, key=lambda f: statistics.median(timings[f]))
+        runs["forms"][(variant, m)] = form
+        floor = None
+        if self.tp == 1:  # the whole op is the tail: the strong tail's floor, its bytes at the device copy
+            nbytes = tail_bytes(variant, m, hidden, self.hc, shape.held_routes, self.args.top_k)
+            floor = nbytes / (ceilings.hbm_gbps * 1e3)
+        self.record(hidden, variant, m, TILEKERNELS_TAIL, timings[form], floor)
+
     def _fusion_rows(self, shape, fusion: dict, ceilings: Ceilings) -> None:
         if not fusion:
             return
@@ -380,6 +466,19 @@ class Sweep:
             if fractions:
                 self.note(hidden, f"strong tail {variant} H={hidden}: {min(fractions):.1%}-{max(fractions):.1%} "
                                   f"of the device copy ({ceilings.hbm_gbps:.0f} GB/s) from M = {TAIL_BAR_FROM_M}")
+
+    def _tilekernels_notes(self, hidden: int, runs: dict, peers: dict) -> None:
+        for variant in self.args.variants:
+            forms = {m: form for (v, m), form in runs["forms"].items() if v == variant}
+            if forms:
+                self.note(hidden, f"{TILEKERNELS_TAIL} norm form {variant} H={hidden}: {self._runs(forms)}")
+        if runs["allreduces"]:
+            self.note(hidden, f"{TILEKERNELS_TAIL} at H={hidden}: {self._runs(runs['allreduces'])} (of "
+                              f"{', '.join(peers)})")
+        if runs["agreement"]:
+            self.note(hidden, f"{TILEKERNELS_TAIL} check H={hidden}: every M timed is within one bf16 ulp of the "
+                              f"reference (or the fp32 rounding of a sum's terms); "
+                              f"{Agreement.merged(runs['agreement']).summary()}")
 
     def _runs(self, choices: dict) -> str:
         """{M: name} as "a at M=1-64, b at M=100-8192" over the sweep's Ms in order."""
