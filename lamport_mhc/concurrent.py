@@ -251,6 +251,10 @@ class ConcurrentGroup:
     # -- calls -------------------------------------------------------------------------------------
     def issue(self, rank: int, rank_call: RankCall) -> None:
         """Enqueue one rank's call on its stream (its delay first); returns without waiting."""
+        self._enqueue(rank, rank_call)
+        self._settle((rank,))
+
+    def _enqueue(self, rank: int, rank_call: RankCall) -> None:
         with torch.cuda.stream(self.streams[rank]):
             sleep_us(rank_call.delay_us)
             self._choice[rank] = rank_call.backend or self.backends[0]
@@ -263,7 +267,6 @@ class ConcurrentGroup:
                 finished.record()
                 self.progress[rank] = (self.progress[rank] + [(self.issued[rank], started, finished)])[-PROGRESS_KEPT:]
                 self.issued[rank] += 1
-        self._settle((rank,))
 
     def run_in_protocol_order(self, calls: Sequence[Call], backend: str | None = None) -> None:
         """One call of every rank in protocol order (every publish, owner reduce, then consumer) on
@@ -282,13 +285,15 @@ class ConcurrentGroup:
                 for stream in self.streams:
                     stream.wait_stream(current)
                 for rank, part in enumerate(parts):
-                    self.issue(rank, RankCall(part, backend=self._choice[rank]))
+                    self._enqueue(rank, RankCall(part, backend=self._choice[rank]))
             else:
                 for step in ("publish", "reduce", "consume"):
                     for path, part in zip(paths, parts):
                         getattr(path, step)(part, protocol)
-                self._settle(range(self.tp))
             self.synchronize()
+        # Settled per call, as ``issue`` does: a call's parts follow each other on a rank's stream,
+        # and with PDL a part's programs may be resident while the part before it still waits.
+        self._settle(range(self.tp))
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -117,6 +117,36 @@ def test_protocol_order_runs_after_what_the_caller_enqueued(backend):
     assert same == [True, True]
 
 
+def _parts_of_one_call_body(rank, world, backend):
+    from lamport_mhc.concurrent import ConcurrentGroup
+    from lamport_mhc.soak_calls import Draw, Pool, RankBuffers, rank_call
+
+    tp, hidden, capacity = 2, 1400, 48
+    group = ConcurrentGroup(tp, hidden_size=hidden, max_num_tokens=capacity, backend=backend, chunk_rows=40,
+                            bt_min_rows=24, bt_min_finalize_rows=24, ll_one_kernel_rows=8)
+    _take_the_gpu()
+    device = group.device
+    pool = Pool(tp, capacity, hidden, 4, 6, 9, 1e-6, device)
+    buffers = [RankBuffers.allocate(capacity, hidden, 4, group.specs[0].quantize, device) for _ in range(tp)]
+    # Parts of 40 rows (BT) and 8 (LL's one-kernel form): both run while the warm-up checks residency.
+    draw = Draw("plain", capacity, 0)
+    prepared = [rank_call(draw, r, pool, buffers[r], hidden, 4) for r in range(tp)]
+    group.run_in_protocol_order([call for call, _ in prepared])
+    torch.cuda.synchronize()
+    return group.residency.worst_launches
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_protocol_order_counts_a_calls_parts_together(backend):
+    """Residency is settled per call, as a concurrent issue settles it: counted per part, the
+    warm-up passed a capacity whose parts, issued at once, took more than the check allows (CuTe
+    tp 8, parts of 40 rows: refused only after the run)."""
+    require_gpus(1)
+    require_backend(backend)
+    [launches] = run_ranks(_parts_of_one_call_body, 1, args=(backend,), timeout_s=900, env=EAGER_LOADING)
+    assert any("_bt" in text for text in launches) and any("_ll" in text for text in launches), launches
+
+
 def _issue_shape_body(rank, world, backend, pin_carveout):
     from lamport_mhc.soak import soak_one_gpu
 
