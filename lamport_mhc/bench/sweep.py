@@ -155,18 +155,21 @@ class Sweep:
                     peers[path] = peer
         return peers
 
-    def _flashinfer_peer(self, hidden: int, variant: str, path: str, capacity: int, report: bool = True):
-        reason = self.flashinfer.reason(path)
-        holder: dict = {}
-        if reason is None:
-            failed = agree(self.coll, attempt(lambda: holder.update(
-                peer=self.flashinfer.make(path, capacity, hidden, self.device))))
-            reason = None if failed is None else f"creating its workspace failed ({failed})"
+    def _built_on_every_rank(self, reason: str | None, make, failure: str):
+        """``make()`` on every rank unless ``reason`` says why not: (what it made, None), or (None,
+        why not), the same answer on every rank."""
         if reason is not None:
-            if report:
-                self.skip(hidden, variant, path, reason)
-            return None
-        return holder["peer"]
+            return None, reason
+        holder: dict = {}
+        failed = agree(self.coll, attempt(lambda: holder.update(made=make())))
+        return (holder["made"], None) if failed is None else (None, f"{failure} ({failed})")
+
+    def _flashinfer_peer(self, hidden: int, variant: str, path: str, capacity: int, report: bool = True):
+        peer, reason = self._built_on_every_rank(self.flashinfer.reason(path), lambda: self.flashinfer.make(
+            path, capacity, hidden, self.device), "creating its workspace failed")
+        if reason is not None and report:
+            self.skip(hidden, variant, path, reason)
+        return peer
 
     def _fusion_peers(self, hidden: int, capacity: int) -> dict:
         """FlashInfer's fused kernels, the same op as this library's only at hc = 1."""
@@ -184,20 +187,16 @@ class Sweep:
         """DeepSeek's tile-kernels at this hidden size, or None (not wanted, or skipped with why)."""
         if not self.wanted(TILEKERNELS_TAIL):
             return None
-        reason = self.tilekernels.reason()
-        holder: dict = {}
-        if reason is None:
-            failed = agree(self.coll, attempt(lambda: holder.update(
-                tail=self.tilekernels.tail(hidden, self.args.top_k))))
-            reason = None if failed is None else f"building it failed ({failed})"
+        tail, reason = self._built_on_every_rank(self.tilekernels.reason(), lambda: self.tilekernels.tail(
+            hidden, self.args.top_k), "building it failed")
         if reason is not None:
             for variant in self.args.variants:
                 self.skip(hidden, variant, TILEKERNELS_TAIL, reason)
             return None
-        if not holder["tail"].reduce_fused and "finalize" in self.args.variants:
+        if not tail.reduce_fused and "finalize" in self.args.variants:
             self.note(hidden, f"{TILEKERNELS_TAIL} finalize H={hidden}: the strong tail's MoE finalize (tile-kernels' "
                               f"reduce_fused needs H % 256 == 0)")
-        return holder["tail"]
+        return tail
 
     # -- the sweep -------------------------------------------------------------------------------
     def out_of_time(self) -> bool:
