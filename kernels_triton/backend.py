@@ -37,6 +37,16 @@ MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
 COOPERATIVE_PROGRAMS_PER_SM = 7
 
 
+# The local calls of x take the cooperative form while they have at most this many rows per SM, by
+# the row's chunks and the variant (others: ``COOPERATIVE_PROGRAMS_PER_SM``), past which the streaming
+# form those calls take is faster. One H200, tp = 1, CUDA graphs, us cooperative / streaming: H = 4096
+# plain M = 100 / 128 / 192 3.52 / 3.60, 4.35 / 3.75, 5.67 / 4.76 (the prefetching wide twin), quant
+# 4.23 / 4.21, 4.98 / 4.25, 6.34 / 5.65 (wide); H = 5120 plain M = 128 / 192 4.36 / 4.68, 7.25 / 6.31,
+# quant 4.91 / 5.33, 8.02 / 6.55 (parked); H = 7168 plain M = 100 / 128 4.63 / 5.41, 5.99 / 5.60,
+# but quant (whose wide twin takes only many rows) M = 128 6.61 / 6.77 (parked), as before.
+LOCAL_X_COOPERATIVE_ROWS_PER_SM = {(4, "plain"): 0.85, (4, "quant"): 0.85, (5, "plain"): 1.0, (5, "quant"): 1.0,
+                                   (7, "plain"): 0.85, (7, "quant"): 1.0}
+
 # The tightest cap on CTAs per SM a cooperative local launch spreads to (``spread``). On one H200
 # the spread lost at H 4096, M 64 (plain 3.7 us against 3.4 unspread, quant 4.1 against 3.8); a
 # floor of 3 or 5 CTAs per SM did not win those back (3.7 / 3.9 and 4.1 / 4.4) and 5 lost elsewhere.
@@ -97,13 +107,17 @@ class TritonKernels:
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else properties.multi_processor_count
         self.split_rows = self._split_rows()
+        # The local calls of x of each variant take the cooperative form up to this many rows
+        # (every other call: ``split_rows``).
+        self.local_x_split_rows = {variant: self._split_rows(variant) for variant in VARIANT_CODES}
         # Local calls in STREAMED_ROWS that move at least the L2's bytes take the hinted twins.
         self.streamed_rows = STREAMED_ROWS
         # Local calls of at least this many rows take the held twins, where the plan has them.
         self.held_rows = HELD_MIN_ROWS
-        # Local streaming calls of at most wide_rows[variant][0] or at least wide_rows[variant][1]
-        # rows take the wide twins, where the plan has them.
-        self.wide_rows = {variant: self._wide_window(variant) for variant in VARIANT_CODES}
+        # Local streaming calls of at most wide_rows[variant, local_x][0] or at least [1] rows take
+        # the wide twins, where the plan has them (``local_x``: the calls of x, else the finalize's).
+        self.wide_rows = {(variant, local_x): self._wide_window(variant, local_x)
+                          for variant in VARIANT_CODES for local_x in (True, False)}
         self.l2_bytes = None if interpret else properties.L2_cache_size
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
         # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
@@ -121,28 +135,36 @@ class TritonKernels:
             if spec.tp > 1:
                 pin_build(self)  # lamport_mhc.carveout: waiting kernels must not starve a peer's
 
-    def _split_rows(self) -> int:
+    def _split_rows(self, local_x_variant: str | None = None) -> int:
         """Calls of at most this many rows take the cooperative form (a program per chunk of a
-        token): by default while the call's programs fit one wave (on CPU: never, unless asked)."""
+        token): by default while the call's programs fit one wave, the local calls of x of
+        ``local_x_variant`` as measured (``LOCAL_X_COOPERATIVE_ROWS_PER_SM``); on CPU never, unless
+        asked."""
         if self.cooperative_split is None:
             return 0
         if self.spec.split_rows is not None:
             return self.spec.split_rows
-        return 0 if self.resident is None else COOPERATIVE_PROGRAMS_PER_SM * self.resident // self.chunks
+        if self.resident is None:
+            return 0
+        measured = LOCAL_X_COOPERATIVE_ROWS_PER_SM.get((self.chunks, local_x_variant))
+        if measured is not None:
+            return int(measured * self.resident)
+        return COOPERATIVE_PROGRAMS_PER_SM * self.resident // self.chunks
 
-    def _wide_window(self, variant: str) -> tuple[int, int]:
-        """(at most, at least): the rows of the local streaming calls of ``variant`` that take its wide
-        twin (the interpreter, which has no SMs: every call, where that twin takes many rows)."""
-        many = wide_takes_many_rows(self.spec.hidden, variant)
+    def _wide_window(self, variant: str, local_x: bool) -> tuple[int, int]:
+        """(at most, at least): the rows of the local streaming calls of ``variant`` (of x, or the
+        finalize's) that take its wide twin (the interpreter, which has no SMs: every call, where that
+        twin takes many rows)."""
+        many = wide_takes_many_rows(self.spec.hidden, variant, local_x)
         if self.interpret:
             return 0, 0 if many else UNBOUNDED
         if four_chunk_wide(self.spec.hidden, variant):
             return 0, math.ceil(FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM * self.resident)
         return WIDE_ROWS_PER_SM * self.resident, TILED_WIDE_MIN_ROWS_PER_SM * self.resident if many else UNBOUNDED
 
-    def _split(self, m: int, waits_for_twins: bool = False) -> int:
-        """Programs per token of a call of ``m`` rows."""
-        split = m <= self.split_rows
+    def _split(self, m: int, waits_for_twins: bool = False, local_x_variant: str | None = None) -> int:
+        """Programs per token of a call of ``m`` rows (``local_x_variant``: a local call of x's variant)."""
+        split = m <= (self.split_rows if local_x_variant is None else self.local_x_split_rows[local_x_variant])
         if waits_for_twins and self.resident is not None:
             split = split and m * self.chunks <= self.resident
         return self.cooperative_split if split else 1
@@ -173,15 +195,15 @@ class TritonKernels:
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
-                         streamed: bool = False, variant: str = "plain"):
-        """One launch of ``m * split`` programs (a token's adjacent): the cooperative form, by its
-        capped twin past its resident clusters; or a streaming form, by its wide twin in
-        ``wide_rows``' windows, else its held twin from ``held_rows`` rows, and the parked or wide
-        one with ``streamed`` by its hinted twin. The interpreter,
-        which runs programs one after another, runs a cooperative form's normalize as a second
-        launch, once every program has left its chunk root."""
-        split = self._split(m, waits_for_twins)
-        fewest, most = self.wide_rows[variant]
+                         streamed: bool = False, variant: str = "plain", local_x: bool = False):
+        """One launch of ``m * split`` programs (a token's adjacent; ``local_x``: a local call of x):
+        the cooperative form, by its capped twin past its resident clusters; or a streaming form, by
+        its wide twin in ``wide_rows``' windows, else its held twin from ``held_rows`` rows, and the
+        parked or wide one with ``streamed`` by its hinted twin. The interpreter, which runs programs
+        one after another, runs a cooperative form's normalize as a second launch, once every program
+        has left its chunk root."""
+        split = self._split(m, waits_for_twins, variant if local_x else None)
+        fewest, most = self.wide_rows[variant, local_x]
         wide = (m <= fewest or m >= most) and f"{name}_wide" in self.plan
         held = m >= self.held_rows and f"{name}_held" in self.plan
         form = "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
@@ -276,7 +298,7 @@ class TritonKernels:
         name, publish = self._with_contribution("local", call)
         self._launch_consumer(f"{name}_{call.consumer.variant}", call.m, *self._consumer_args("local", call.consumer),
                               *publish, self._ll_peers, self._ll_multicast, streamed=self._streamed(call),
-                              variant=call.consumer.variant)
+                              variant=call.consumer.variant, local_x=call.kind != "finalize")
 
     def _streamed(self, call: Call) -> bool:
         """Whether a local call takes the hinted twin (``traffic.streams_past_l2``)."""

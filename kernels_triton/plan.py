@@ -94,26 +94,39 @@ HELD_MAX_REGISTERS = 96
 # 4096 / 8192: 77.1 / 148.8 / 294.6 against 82.0 / 150.7 / 289.3. H = 4096 (held at 64 registers),
 # M = 256 / 512 / 1024 / 2048: quant 6.4 / 12.3 / 25.6 / 49.8 against 8.1 / 13.2 / 25.7 / 50.5, plain
 # 6.3 / 10.5 / 23.2 / 45.0 against 7.1 / 11.3 / 23.2 / 45.3 (CuTe: quant 7.5 / 11.7 / 24.1 / 46.8).
-# Where the wide twins take the calls of many rows (``wide_takes_many_rows``: H = 4096, and the quant
-# variant at 7168) they take those calls instead (``backend.TritonKernels._wide_window``).
+# Where the wide twins take the calls of many rows (``wide_takes_many_rows``: the plain variant, and
+# the quant variant at H = 4096 and 7168) they take those calls instead
+# (``backend.TritonKernels._wide_window``): the held twin remains for quant at 5120.
 HELD_MIN_ROWS = 5120
 
-# The variants whose parked streaming consumers of x load the next chunk's inputs while mixing one
-# (``PREFETCH``), at the same 64 registers. One H200, tp = 1, CUDA graphs, us with / without: quant
-# H = 5120 M = 256 / 512 / 1024 / 2048 / 4096: 7.1 / 16.1 / 31.9 / 60.7 / 115.1 against 8.4 / 16.2 /
-# 32.2 / 61.3 / 115.6; H = 7168: 10.5 / 22.4 / 44.2 / 83.3 / 160.7 against 12.2 / 22.4 / 44.4 / 84.3 /
-# 161.8. Plain, where 64 registers spill the prefetch (8-20 bytes), lost from M = 512 (H = 7168:
-# 20.5 / 41.9 / 80.4 / 156.3 against 19.2 / 40.4 / 76.6 / 148.8); at 72 or 80 registers (7 or 6
-# programs per SM) both variants lost at M = 512-1024 (quant 5120 M = 1024: 34.9 / 35.0).
-PARKED_PREFETCH_VARIANTS = ("quant",)
+# The variants whose parked streaming consumers of x (and their wide twins) load the next chunk's
+# inputs while mixing one (``PREFETCH``), at the same 64 registers. One H200, tp = 1, CUDA graphs, us
+# with / without: quant H = 5120 M = 256 / 512 / 1024 / 2048 / 4096: 7.1 / 16.1 / 31.9 / 60.7 / 115.1
+# against 8.4 / 16.2 / 32.2 / 61.3 / 115.6; H = 7168: 10.5 / 22.4 / 44.2 / 83.3 / 160.7 against 12.2 /
+# 22.4 / 44.4 / 84.3 / 161.8. Plain, with every mix weight in every thread as well (no spill at 64
+# registers), wide twin: H = 4096 M = 64 / 128 / 512 / 2048 / 8192 3.5 / 3.7 / 9.2 / 43.8 / 163.1
+# against 4.2 / 4.4 / 9.9 / 45.1 / 165.1, H = 5120 4.4 / 4.7 / 13.8 / 55.7 / 204.8 against 5.0 / 5.3 /
+# 14.4 / 57.1 / 206.3, H = 7168 5.3 / 5.6 / 21.1 / 76.3 / 286.5 against 6.0 / 6.6 / 21.3 / 78.0 /
+# 288.3; the parked form H = 5120 M = 128 / 256 4.8 / 6.0 against 6.2 / 7.4, H = 7168 6.2 / 8.9
+# against 7.8 / 10.2 (from 512 rows, where plain takes the wide twin, 1-2% slower). Earlier, with the
+# weights spread over the threads, 64 registers spilled the plain prefetch and it lost from M = 512.
+PARKED_PREFETCH_VARIANTS = ("plain", "quant")
 
 # The variants whose parked streaming consumers of x (and their wide twins) hold every mix weight in
 # every thread, as the latency form does (``LOCAL_COOPERATIVE_MAX_REGISTERS``): a token's prologue
 # then gathers no weights across warps (8 CTA barriers fewer at 64 registers; no spill at H = 4096
 # and 5120, 4 bytes a chunk at 7168). One H200, tp = 1, quant, us with / without: M = 1024 H = 5120
 # / 7168 31.24 / 31.46, 43.14 / 43.69; M = 512 15.49 / 16.10, 22.11 / 22.05; but H = 7168 M = 256
-# (the parked form that spills) 10.81 / 10.55.
-PER_THREAD_WEIGHTS_VARIANTS = ("quant",)
+# (the parked form that spills) 10.81 / 10.55. Plain: with the prefetch (above).
+PER_THREAD_WEIGHTS_VARIANTS = ("plain", "quant")
+
+# The variants whose wide twin of x takes the calls of many rows even where its chunks overhang the
+# row (``wide_takes_many_rows``; H = 5120: three chunks of 2048, the last half masked). One H200,
+# tp = 1, plain, us, the wide twin against the parked form or the held one (every twin prefetching):
+# H = 5120 M = 2048 / 4096 / 8192 55.7 / 105.4 / 204.8 against 56.2 / 108.1 / 206.0 (held), H = 7168
+# 76.3 / 146.2 / 286.5 against 78.6 / 151.9 / 289.9 (held); streamed M = 1000: 28.3 against 28.1 at
+# 5120, 38.9 against 40.1 at 7168.
+WIDE_MANY_ROWS_VARIANTS = ("plain",)
 
 
 # The streaming consumers that do not hold their row park it between the two passes in the CTA's
@@ -166,10 +179,11 @@ def four_chunk_wide(hidden: int, variant: str) -> bool:
 
 def wide_takes_many_rows(hidden: int, variant: str, of_x: bool = True) -> bool:
     """Whether the ``_wide`` twin takes the calls of many rows (``backend.TritonKernels._wide_window``),
-    where the held twin then is not built: where its chunks tile the row, and the quant variant's
-    four-chunk twin."""
+    where the held twin then is not built: where its chunks tile the row, the quant variant's
+    four-chunk twin, and the consumers of x of ``WIDE_MANY_ROWS_VARIANTS``."""
     width = wide_chunk(hidden, variant, of_x)
-    return width is not None and (hidden % width == 0 or width == 4 * row_chunks(hidden)[0])
+    return width is not None and (hidden % width == 0 or width == 4 * row_chunks(hidden)[0]
+                                  or (of_x and variant in WIDE_MANY_ROWS_VARIANTS))
 
 
 def _row_forms(may_hold: bool, wide: int | None, wide_takes_many: bool, chunk: int, chunks: int,

@@ -174,12 +174,12 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
     cooperative = 1 < chunks <= 8  # a token's programs are one cluster
     assert {n.removesuffix("_split") for n in names if n.endswith("_split")} == (consumers if cooperative else set())
     if tp == 1:
-        tiled = plan.wide_tiles_row(hidden)
+        wide_takes_many = plan.wide_takes_many_rows(hidden, "plain")
         assert names == {f"local{f}_plain{form}{twin}" for f in ("", "_finalize") for form in ("", "_wide")
                          for twin in ("", "_streamed")} | (
             {f"local{f}_plain_split{twin}" for f in ("", "_finalize") for twin in ("", "_capped")}
             if cooperative else set()) | (
-            {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS and not tiled else set())
+            {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS and not wide_takes_many else set())
 
 
 def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
@@ -239,11 +239,17 @@ def test_rows_park_in_shared_memory_on_the_gpu_only_up_to_its_bound():
                for instance in plan.kernel_plan(spec, on_gpu=False).values())
 
 
-def test_only_parked_consumers_of_x_of_the_prefetching_variants_prefetch():
-    spec = BuildSpec(hidden=5120, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
-    prefetching = {name for name, instance in plan.kernel_plan(spec).items() if instance.constexprs.get("PREFETCH")}
-    assert prefetching == {f"local_{variant}{twin}" for variant in plan.PARKED_PREFETCH_VARIANTS
-                           for twin in ("", "_streamed")}
+@pytest.mark.parametrize("hidden", [4096, 5120, 7168])
+def test_only_parked_consumers_of_x_of_the_prefetching_variants_prefetch(hidden):
+    """The parked streaming consumers of x and their wide twins (hinted or not), of the prefetching
+    variants; each also holds every mix weight in every thread. Nothing else prefetches."""
+    spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
+    instances = plan.kernel_plan(spec)
+    prefetching = {name for name, instance in instances.items() if instance.constexprs.get("PREFETCH")}
+    assert prefetching == {name for variant in plan.PARKED_PREFETCH_VARIANTS for form in ("", "_wide")
+                           for twin in ("", "_streamed") if (name := f"local_{variant}{form}{twin}") in instances}
+    assert {"local_plain", "local_plain_wide", "local_quant"} <= prefetching
+    assert all(instances[name].constexprs["PER_THREAD_WEIGHTS"] for name in prefetching)
 
 
 def test_launch_shape_adds_the_parked_row_to_the_kernels_shared_memory():
@@ -299,7 +305,7 @@ def test_quant_converts_with_flashinfers_instruction(build):
 
 def test_only_local_streaming_consumers_cap_registers(chunked):
     """Parking the row: 64 registers; the held twin of the consumer of x (rows of up to seven chunks
-    that the wide twin does not tile): 64 for rows of up to four chunks, else 96; the capped twin of
+    whose calls of many rows the wide twin does not take): 64 for rows of up to four chunks, else 96; the capped twin of
     a local cooperative form: 64. The held twins hold and nothing else does."""
     tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
@@ -309,7 +315,7 @@ def test_only_local_streaming_consumers_cap_registers(chunked):
         streaming = name.startswith("local") and "_split" not in name
         held_twin = name.endswith("_held")
         assert held_twin == (name == "local_plain_held" and chunks <= plan.HELD_MAX_CHUNKS
-                             and not plan.wide_tiles_row(hidden)), name
+                             and not plan.wide_takes_many_rows(hidden, "plain")), name
         assert instances[name].constexprs.get("HOLD", False) == held_twin, name
         if name.endswith("_capped"):
             assert tp == 1 and name.startswith("local") and "_split" in name, name
@@ -343,7 +349,7 @@ def test_wide_twins_walk_the_row_in_chunks_twice_as_wide(chunked):
         for name in ("local_quant_wide", "local_quant_wide_streamed"):
             assert quant[name].constexprs["CHUNK"] == 4 * chunk and quant[name].num_warps == 16
             assert quant[name].constexprs["CHUNKS"] == 2 and quant[name].max_registers == 64, name
-        assert "local_quant_held" not in quant and "local_plain_held" in quant
+        assert "local_quant_held" not in quant and "local_plain_held" not in quant
 
 
 def test_four_chunk_wide_twins_leave_at_most_one_chunk_masked():
@@ -352,7 +358,9 @@ def test_four_chunk_wide_twins_leave_at_most_one_chunk_masked():
     assert plan.wide_chunk(7168, "quant", of_x=False) is None and plan.wide_chunk(7168, "plain") == 2048
     assert [plan.wide_takes_many_rows(h, v) for h, v in ((4096, "plain"), (5120, "plain"), (7168, "plain"),
                                                          (7168, "quant"), (5120, "quant"))] == [
-        True, False, False, True, False]
+        True, True, True, True, False]
+    # the finalize's wide twin: only where it tiles the row
+    assert [plan.wide_takes_many_rows(h, "plain", of_x=False) for h in (4096, 5120, 7168)] == [True, False, False]
 
 
 def test_bf16_rounding_is_one_conversion_a_pair(build):

@@ -214,6 +214,23 @@ def test_latency_form_bound_and_residency():
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
 
 
+@pytest.mark.parametrize("hidden,plain_rows,quant_rows", [(4096, 112, 112), (5120, 132, 132), (7168, 112, 132),
+                                                         (1408, 308, 308)])
+def test_local_calls_of_x_take_the_cooperative_form_as_measured(hidden, plain_rows, quant_rows):
+    """On 132 SMs the local calls of x take the cooperative form up to the rows per SM measured for
+    their row's chunks (4, 5, 7) and variant; other widths, variants and calls: while 7 programs per
+    SM hold them."""
+    kernels = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY,
+                             top_k=TOP_K).paths[0].kernels["triton"]
+    kernels.resident = 132  # as on an H200
+    kernels.split_rows = kernels._split_rows()
+    kernels.local_x_split_rows = {v: kernels._split_rows(v) for v in kernels.local_x_split_rows}
+    assert kernels.split_rows == kernels.local_x_split_rows["residual"] == 7 * 132 // kernels.chunks
+    for variant, rows in (("plain", plain_rows), ("quant", quant_rows)):
+        assert kernels.local_x_split_rows[variant] == rows
+        assert [kernels._split(m, local_x_variant=variant) for m in (rows, rows + 1)] == [kernels.chunks, 1]
+
+
 def _recording_launches(kernels) -> list[str]:
     """The names of the kernels ``kernels`` launches from now on, in order."""
     launched = []
@@ -238,14 +255,15 @@ def test_local_calls_take_the_hinted_twins_in_their_window():
     for m, variant in ((1, "plain"), (2, "quant"), (3, "plain"), (2, "finalize"), (4, "finalize"), (5, "quant")):
         check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_plain_split", "local_plain_split",  # the cooperative form: mix, then normalize
-                        "local_quant", "local_plain_streamed", "local_finalize_plain", "local_finalize_plain_streamed",
-                        "local_quant"]
+                        "local_quant", "local_plain_wide_streamed", "local_finalize_plain",
+                        "local_finalize_plain_streamed", "local_quant"]
 
 
 def test_local_calls_of_many_rows_take_the_held_twins():
     """Rows of up to seven chunks: local calls of x of at least ``held_rows`` rows run the ``_held``
-    twin (the row in registers), smaller calls the parked form; the finalize always parks. The bits
-    are the reference's either way."""
+    twin (the row in registers) where no wide twin takes them (quant at this width: plain takes its
+    wide twin), smaller calls the parked form; the finalize always parks. The bits are the
+    reference's either way."""
     hidden = 2560
     assert row_chunks(hidden) == (512, 5)
     group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
@@ -254,44 +272,48 @@ def test_local_calls_of_many_rows_take_the_held_twins():
     assert kernels.held_rows == HELD_MIN_ROWS > STREAMED_ROWS[1]  # no call would want both twins
     kernels.held_rows = 3
     launched = _recording_launches(kernels)
-    for m, variant in ((2, "plain"), (3, "plain"), (4, "quant"), (3, "finalize")):
+    for m, variant in ((2, "quant"), (3, "quant"), (4, "plain"), (3, "finalize")):
         check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
-    assert launched == ["local_plain", "local_plain_held", "local_quant_held", "local_finalize_plain"]
+    assert launched == ["local_quant", "local_quant_held", "local_plain_wide", "local_finalize_plain"]
+    assert "local_plain_held" not in kernels.plan
 
 
 def test_local_calls_take_the_wide_twins_outside_their_window():
-    """Local streaming calls of at most ``wide_rows[variant][0]`` or at least ``wide_rows[variant][1]``
-    rows run the ``_wide`` twins where the plan has them: plain and finalize (chunks twice as wide);
-    quant where they tile the row, and there the held twin is not built, or in chunks four times as
-    wide (H = 7168, below). The bits are the reference's."""
+    """Local streaming calls of at most ``wide_rows[variant, local_x][0]`` or at least ``[1]`` rows
+    run the ``_wide`` twins where the plan has them: plain and finalize (chunks twice as wide); quant
+    where they tile the row, and there the held twin is not built, or in chunks four times as wide
+    (H = 7168, below). The interpreter takes a wide twin at every M where it takes the calls of many
+    rows (plain calls of x), else never. The bits are the reference's."""
     hidden = 1408  # 3 chunks of 512; the wide twins' 2 x 1024 overhang the row
     group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                            quantize_layer_input=True, split_rows=0)
     kernels = group.paths[0].kernels["triton"]
-    assert all(fewest == 0 and most > CAPACITY for fewest, most in kernels.wide_rows.values())  # the interpreter
-    kernels.wide_rows = {variant: (1, 4) for variant in kernels.wide_rows}
+    assert {key for key, (fewest, most) in kernels.wide_rows.items() if fewest == most == 0} == {("plain", True)}
+    assert all(most > CAPACITY for key, (_, most) in kernels.wide_rows.items() if key != ("plain", True))
+    kernels.wide_rows = {key: (1, 4) for key in kernels.wide_rows}
     launched = _recording_launches(kernels)
     for m, variant in ((1, "plain"), (2, "plain"), (4, "finalize"), (1, "quant")):
         check_simulated(group, random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_plain_wide", "local_plain", "local_finalize_plain_wide", "local_quant"]
     tiled = SimulatedGroup(1, hidden_size=2048, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                            quantize_layer_input=True, split_rows=0).paths[0].kernels["triton"]
-    assert tiled.wide_rows["quant"] == (0, 0) and "local_quant_wide" in tiled.plan
+    assert tiled.wide_rows["quant", True] == (0, 0) and "local_quant_wide" in tiled.plan
     assert "local_plain_held" not in tiled.plan
 
 
 def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():
     """H = 7168 quant: the consumer of x walks the row in two chunks of 4096 (the second masked past
-    3072) from its window on; the plain variant keeps its form. The bits are the reference's (the
-    interpreter takes the twin at every M)."""
+    3072) from its window on; the plain variant takes its own wide twin (chunks of 2048). The bits
+    are the reference's (the interpreter takes the twins at every M)."""
     group = SimulatedGroup(1, hidden_size=7168, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                            quantize_layer_input=True, split_rows=0)
     kernels = group.paths[0].kernels["triton"]
-    assert kernels.wide_rows["quant"] == (0, 0) and kernels.wide_rows["plain"][1] > CAPACITY
+    assert kernels.wide_rows["quant", True] == kernels.wide_rows["plain", True] == (0, 0)
+    assert kernels.plan["local_plain_wide"].constexprs["CHUNK"] == 2048
     launched = _recording_launches(kernels)
     for m, variant in ((3, "quant"), (1, "plain"), (CAPACITY, "quant")):
         check_simulated(group, random_inputs(1, m, 7168, HC, seed=m, top_k=TOP_K), variant, EPS)
-    assert launched == ["local_quant_wide", "local_plain", "local_quant_wide"]
+    assert launched == ["local_quant_wide", "local_plain_wide", "local_quant_wide"]
 
 
 def test_cooperative_calls_past_the_resident_clusters_take_the_capped_twin():

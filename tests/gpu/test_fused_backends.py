@@ -16,9 +16,10 @@ from .bodies import (BACKENDS, EPS, HC, TOP_K, TP, VARIANTS, build, check, graph
 from .harness import require_gpus, run_ranks
 
 # The one-kernel form's bounds for CuTe on 132 SMs are 33 / 26 / 18 rows at H = 4096 / 5120 / 7168.
-# At tp = 1 on an H200, Triton takes its capped cooperative twin at 130 rows of H = 7168 and its wide
-# twins at 255 rows (and from there at H = 4096).
-SIZES = [1, 2, 7, 18, 26, 33, 64, 130, 255, 1024]
+# At tp = 1 on an H200, Triton's local calls of x take the cooperative form up to 112 / 132 / 112
+# rows (quant at 7168: 132), then the wide twins up to 264 rows, the parked forms below 528 (300) and the wide twins again
+# from there (plain at every H, quant at 4096 and 7168).
+SIZES = [1, 2, 7, 18, 26, 33, 64, 113, 130, 255, 300, 600, 1024]
 # What each backend's sweep adds to the build's config.
 SWEEP_CONFIG = {"triton": {}, "cute": {"cross_check": True, "cross_check_backend": "triton"}}
 
