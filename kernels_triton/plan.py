@@ -234,7 +234,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
     GPU holds clusters of it at once; each local streaming consumer a ``_streamed`` twin with cache
     hints (``traffic.STREAMED_ROWS``), a ``_wide`` one for rows of two or more chunks (``wide_chunk``)
     and those of x with rows of up to 7 chunks a ``_held`` twin for calls of at least ``HELD_MIN_ROWS``
-    rows (``_row_forms``)."""
+    rows where the wide twin does not take those calls (``_row_forms``: quant at H = 5120)."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)
