@@ -245,14 +245,17 @@ def _inverse_rms_of(total, eps, HIDDEN: tl.constexpr):
 
 @triton.jit
 def _exchanged_inverse_rms(parts, part, eps, HIDDEN: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-                           PARTS: tl.constexpr):
+                           PARTS: tl.constexpr, ASYNC_EXCHANGE: tl.constexpr = False, mbarrier=None):
     """The cooperative form's ``_inverse_rms``, on the GPU: each warp's part of its chunk's sum of
     squares (``parts``, [PARTS], a part per warp) goes into the cluster as it is
     (``ptx.exchange_parts_in_cluster``), and every thread joins the token's parts by the contract's
     tree, parts into chunk roots, roots (padded with +0) into the sum. No CTA barrier joins a
     CTA's warps first (a cross-warp tree of the parts took five), so the result comes as ``parts``
     does: a copy per warp, [PARTS]."""
-    exchanged = ptx.exchange_parts_in_cluster(parts, tl.arange(0, PARTS), part, CHUNKS)
+    if ASYNC_EXCHANGE:
+        exchanged = ptx.exchange_parts_in_cluster_async(parts, tl.arange(0, PARTS), part, CHUNKS, mbarrier)
+    else:
+        exchanged = ptx.exchange_parts_in_cluster(parts, tl.arange(0, PARTS), part, CHUNKS)
     roots = ()
     for chunk in tl.static_range(ROOTS):
         if chunk < CHUNKS:
@@ -410,6 +413,13 @@ def consumer_kernel(
     MIX: tl.constexpr = (MIX_PHASE & PHASES) != 0
     NORMALIZE: tl.constexpr = ((NORMALIZE_PHASE & PHASES) != 0) & (VARIANT != RESIDUAL_ONLY)
     EXCHANGE: tl.constexpr = NORMALIZE & COOPERATIVE & ON_GPU  # the chunk roots, through the cluster
+    # The local form exchanges them with stores that complete on each CTA's mbarrier: no release fence
+    # waits for the streams stored before. One H200, tp = 1, us against the cluster barrier: H = 4096
+    # plain M = 1 / 8 / 64 / 100 1.82 / 2.08 / 2.98 / 3.40 against 1.99 / 2.23 / 3.19 / 3.56, quant
+    # 2.01 / 2.24 / 3.35 / 3.73 against 2.22 / 2.39 / 3.85 / 4.25; H = 7168 plain 2.03 / 2.34 / 3.67 /
+    # 4.75 against 2.15 / 2.55 / 3.84 / 4.72, quant 2.14 / 2.54 / 4.16 / 5.21 against 2.33 / 2.72 / 4.33
+    # / 5.64. (The mailbox consumers keep the barrier until it is measured with ranks at once.)
+    ASYNC_EXCHANGE: tl.constexpr = EXCHANGE & LOCAL
     # The latency form stores the mixed streams after the exchange in calls of few rows: the
     # exchange's release (a MEMBAR.GPU) waits for every store issued before it to complete, a round
     # trip on the way to the norm. In calls of more rows the stores would then end the kernel instead
@@ -427,8 +437,12 @@ def consumer_kernel(
     root_index = tl.arange(0, ROOTS)
     PARTS: tl.constexpr = CHUNK // 256  # a chunk's squares are summed in a part per warp (plan.row_warps)
     token_roots = parked_roots_ptr + token * CHUNKS
+    mbarrier = tl.zeros([], tl.int32)
     if EXCHANGE:
-        ptx.cluster_arrive(ON_GPU)
+        if ASYNC_EXCHANGE:
+            mbarrier = ptx.cluster_arrive_expecting(CHUNKS * PARTS * 4)
+        else:
+            ptx.cluster_arrive(ON_GPU)
 
     if PHASES == NORMALIZE_PHASE:
         # The simulated group's second launch of the cooperative form: this program's chunk and root
@@ -547,7 +561,7 @@ def consumer_kernel(
         h = part * CHUNK + c
         gamma = tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0)  # in flight during the exchange
         if ON_GPU:
-            inv_rms = _exchanged_inverse_rms(parts, part, eps, HIDDEN, CHUNKS, ROOTS, PARTS)
+            inv_rms = _exchanged_inverse_rms(parts, part, eps, HIDDEN, CHUNKS, ROOTS, PARTS, ASYNC_EXCHANGE, mbarrier)
             if LATE_STORES:
                 if num_tokens <= LATE_STORE_MAX_ROWS:
                     _store_streams(mixed_streams, token, h, h < HIDDEN, streams, residual_out_ptr, HIDDEN, HC,

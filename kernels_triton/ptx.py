@@ -161,28 +161,36 @@ def cluster_arrive(ON_GPU: tl.constexpr):
 MAX_PARTS = tl.constexpr(4)
 
 
-def _exchange_parts_asm(ranks: int, parts: int) -> str:
+def _exchange_parts_asm(ranks: int, parts: int, on_mbarrier: bool = False) -> str:
     """``exchange_parts_in_cluster``'s PTX: outputs $0..$(ranks * parts - 1) (the slots, read as
-    16-byte words), inputs value, part, rank, size after them."""
+    16-byte words), inputs value, part, rank, size after them. ``on_mbarrier``
+    (``exchange_parts_in_cluster_async``): each store completes its bytes on the target CTA's
+    mbarrier (a fifth input, this CTA's own) and the CTA waits on its own, where the plain exchange
+    passes a release / acquire cluster barrier."""
     slots = ranks * parts
     assert slots % 4 == 0, "the slots are read back as ld.shared.v4"
-    value, part, rank, size = (f"${slots + i}" for i in range(4))
+    value, part, rank, size, mbar = (f"${slots + i}" for i in range(5))
     # One lane per warp and part pushes it (the lowest of the lanes that hold that part).
+    store = (f"@q mapa.shared::cluster.u32 rbar, {mbar}, {{target}}; "
+             f"@q st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [remote], {value}, [rbar]; "
+             if on_mbarrier else f"@q st.shared::cluster.b32 [remote], {value}; ")
     pushes = "".join(f"setp.gt.and.u32 q, {size}, {target}, leader; @q mapa.shared::cluster.u32 remote, own, {target}; "
-                     f"@q st.shared::cluster.b32 [remote], {value}; " for target in range(ranks))
+                     + store.format(target=target) for target in range(ranks))
+    arrived = (f"WAIT_PARTS: mbarrier.try_wait.parity.shared::cta.b64 done, [{mbar}], 0; @!done bra WAIT_PARTS; "
+               if on_mbarrier else "barrier.cluster.arrive.release; barrier.cluster.wait.acquire; ")
     reads = "".join(f"ld.shared.v4.b32 {{${i}, ${i + 1}, ${i + 2}, ${i + 3}}}, [cluster_parts+{4 * i}]; "
                     for i in range(0, slots, 4))
-    return (f"{{ .shared .align 16 .b32 cluster_parts[{slots}]; .reg .pred leader, q; "
-            ".reg .b32 own, remote, lane, holders, lowest; "
+    return (f"{{ .shared .align 16 .b32 cluster_parts[{slots}]; .reg .pred leader, q, done; "
+            ".reg .b32 own, remote, rbar, lane, holders, lowest; "
             f"mov.u32 lane, %laneid; match.any.sync.b32 holders, {part}, 0xffffffff; brev.b32 holders, holders; "
             "bfind.shiftamt.u32 lowest, holders; setp.eq.u32 leader, lane, lowest; "
             f"mad.lo.u32 own, {rank}, {parts}, {part}; shl.b32 own, own, 2; mov.u32 remote, cluster_parts; "
             "add.u32 own, own, remote; "
-            "barrier.cluster.wait; " + pushes + "barrier.cluster.arrive.release; barrier.cluster.wait.acquire; "
-            + reads + "}")
+            "barrier.cluster.wait; " + pushes + arrived + reads + "}")
 
 
 EXCHANGE_PARTS_ASM = tl.constexpr(_exchange_parts_asm(MAX_CLUSTER.value, MAX_PARTS.value))
+EXCHANGE_PARTS_ASYNC_ASM = tl.constexpr(_exchange_parts_asm(MAX_CLUSTER.value, MAX_PARTS.value, on_mbarrier=True))
 EXCHANGE_PARTS_CONSTRAINTS = tl.constexpr(",".join(["=r"] * (MAX_CLUSTER.value * MAX_PARTS.value) + ["r"] * 4))
 
 
@@ -197,6 +205,38 @@ def exchange_parts_in_cluster(value, part, rank, size):
     not have, are undefined. GPU only: the simulated group parks the chunk roots in a buffer instead."""
     return tl.inline_asm_elementwise(
         EXCHANGE_PARTS_ASM, EXCHANGE_PARTS_CONSTRAINTS, [value, part, rank, size],
+        dtype=[tl.float32] * (MAX_CLUSTER * MAX_PARTS), is_pure=False, pack=1)
+
+
+# Thread 0 sets up this CTA's mbarrier (a shared variable of this block, whose address is $0) for $1
+# bytes of parts, then every thread arrives.
+CLUSTER_ARRIVE_EXPECTING_ASM = tl.constexpr(
+    "{ .shared .align 8 .b64 parts_arrived; .reg .pred first; .reg .b32 tid; .reg .b64 state; "
+    "mov.u32 $0, parts_arrived; mov.u32 tid, %tid.x; setp.eq.u32 first, tid, 0; "
+    "@first mbarrier.init.shared::cta.b64 [parts_arrived], 1; "
+    "@first mbarrier.arrive.expect_tx.shared::cta.b64 state, [parts_arrived], $1; "
+    "@first fence.mbarrier_init.release.cluster; "
+    "barrier.cluster.arrive.relaxed; }")
+
+
+@triton.jit
+def cluster_arrive_expecting(RECEIVED_BYTES: tl.constexpr):
+    """``cluster_arrive`` for ``exchange_parts_in_cluster_async``: thread 0 first sets up this CTA's
+    mbarrier to complete once RECEIVED_BYTES have been stored into the CTA's slots (the fence makes
+    that visible to the cluster before the arrival). Returns the mbarrier's shared address."""
+    return tl.inline_asm_elementwise(CLUSTER_ARRIVE_EXPECTING_ASM, "=r,r", [tl.full([], RECEIVED_BYTES, tl.int32)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def exchange_parts_in_cluster_async(value, part, rank, size, mbarrier):
+    """``exchange_parts_in_cluster`` without the cluster barrier after the stores (after
+    ``cluster_arrive_expecting``, whose ``mbarrier`` it takes): each store completes its bytes on the
+    target CTA's mbarrier, and each CTA waits for its own. No release fence (a MEMBAR.GPU) waits for
+    the CTA's earlier global stores. Every CTA waits for every part stored into it, so none exits
+    while another may still store into its shared memory."""
+    return tl.inline_asm_elementwise(
+        EXCHANGE_PARTS_ASYNC_ASM, EXCHANGE_PARTS_CONSTRAINTS + ",r", [value, part, rank, size, mbarrier],
         dtype=[tl.float32] * (MAX_CLUSTER * MAX_PARTS), is_pure=False, pack=1)
 
 

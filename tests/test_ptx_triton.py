@@ -185,8 +185,10 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
 def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
     """Every cooperative consumer that normalizes (rows of 2-8 chunks) is launched as a cluster of a
     CTA per chunk, arrives at the cluster barrier first thing and exchanges its chunk root once
-    through the cluster's shared memory (a store into each CTA, release / acquire); no other kernel
-    touches a cluster barrier, and none polls for roots in global memory."""
+    through the cluster's shared memory: the mailbox consumers by a store into each CTA and a
+    release / acquire barrier; the local ones (tp = 1) by a store into each CTA that completes on
+    its mbarrier (set up for every part before the arrival) and a wait on their own, with no release
+    fence. No other kernel touches a cluster barrier, and none polls for roots in global memory."""
     tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
@@ -199,9 +201,22 @@ def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
             assert "barrier.cluster" not in text, name
             continue
         assert text.index("barrier.cluster.arrive.relaxed;") < text.index("griddepcontrol.wait"), name
+        assert text.count("barrier.cluster.wait;") == 1, name
+        if name.startswith("local"):
+            parts = plan.row_warps(plan.row_chunks(hidden)[0])
+            # The mbarrier expects a part (4 bytes) of every warp of every CTA.
+            count = re.search(r"expect_tx\.shared::cta\.b64 state, \[parts_arrived\], (%r\d+);", text)
+            assert count and re.search(rf"mov\.b32\s+{count.group(1)}, {4 * parts * chunks};", text), name
+            assert (text.index("mbarrier.init") < text.index("fence.mbarrier_init.release.cluster")
+                    < text.index("barrier.cluster.arrive.relaxed;")), name
+            stores = _ops(text, r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.b32")
+            assert len(stores) == 8 and len(_ops(text, r"mapa\.shared::cluster")) == 16, name
+            assert "barrier.cluster.arrive.release" not in text and "barrier.cluster.wait.acquire" not in text, name
+            assert (text.index("barrier.cluster.wait;") < text.index("st.async")
+                    < text.index("mbarrier.try_wait.parity")), name
+            continue
         assert len(_ops(text, r"st\.shared::cluster\.b32")) == 8 == len(_ops(text, r"mapa\.shared::cluster")), name
         assert text.count("barrier.cluster.arrive.release;") == 1 == text.count("barrier.cluster.wait.acquire;"), name
-        assert text.count("barrier.cluster.wait;") == 1, name
         assert (text.index("barrier.cluster.wait;") < text.index("st.shared::cluster")
                 < text.index("barrier.cluster.arrive.release;")), name
 
