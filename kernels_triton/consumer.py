@@ -248,10 +248,11 @@ def _exchanged_inverse_rms(parts, part, eps, HIDDEN: tl.constexpr, CHUNKS: tl.co
                            PARTS: tl.constexpr, ASYNC_EXCHANGE: tl.constexpr = False, mbarrier=None):
     """The cooperative form's ``_inverse_rms``, on the GPU: each warp's part of its chunk's sum of
     squares (``parts``, [PARTS], a part per warp) goes into the cluster as it is
-    (``ptx.exchange_parts_in_cluster``), and every thread joins the token's parts by the contract's
-    tree, parts into chunk roots, roots (padded with +0) into the sum. No CTA barrier joins a
-    CTA's warps first (a cross-warp tree of the parts took five), so the result comes as ``parts``
-    does: a copy per warp, [PARTS]."""
+    (``ptx.exchange_parts_in_cluster``; with ``ASYNC_EXCHANGE`` its twin on the ``mbarrier`` that
+    ``ptx.cluster_arrive_expecting`` set up), and every thread joins the token's parts by the
+    contract's tree, parts into chunk roots, roots (padded with +0) into the sum. No CTA barrier
+    joins a CTA's warps first (a cross-warp tree of the parts took five), so the result comes as
+    ``parts`` does: a copy per warp, [PARTS]."""
     if ASYNC_EXCHANGE:
         exchanged = ptx.exchange_parts_in_cluster_async(parts, tl.arange(0, PARTS), part, CHUNKS, mbarrier)
     else:
