@@ -245,15 +245,15 @@ def _inverse_rms_of(total, eps, HIDDEN: tl.constexpr):
 
 @triton.jit
 def _exchanged_inverse_rms(parts, part, eps, HIDDEN: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-                           PARTS: tl.constexpr, ASYNC_EXCHANGE: tl.constexpr = False, mbarrier=None):
+                           PARTS: tl.constexpr, mbarrier=None):
     """The cooperative form's ``_inverse_rms``, on the GPU: each warp's part of its chunk's sum of
     squares (``parts``, [PARTS], a part per warp) goes into the cluster as it is
-    (``ptx.exchange_parts_in_cluster``; with ``ASYNC_EXCHANGE`` its twin on the ``mbarrier`` that
-    ``ptx.cluster_arrive_expecting`` set up), and every thread joins the token's parts by the
+    (``ptx.exchange_parts_in_cluster``; given the ``mbarrier`` that ``ptx.cluster_arrive_expecting``
+    set up, its twin on it), and every thread joins the token's parts by the
     contract's tree, parts into chunk roots, roots (padded with +0) into the sum. No CTA barrier
     joins a CTA's warps first (a cross-warp tree of the parts took five), so the result comes as
     ``parts`` does: a copy per warp, [PARTS]."""
-    if ASYNC_EXCHANGE:
+    if mbarrier is not None:
         exchanged = ptx.exchange_parts_in_cluster_async(parts, tl.arange(0, PARTS), part, CHUNKS, mbarrier)
     else:
         exchanged = ptx.exchange_parts_in_cluster(parts, tl.arange(0, PARTS), part, CHUNKS)
@@ -421,9 +421,10 @@ def consumer_kernel(
     # 4.75 against 2.15 / 2.55 / 3.84 / 4.72, quant 2.14 / 2.54 / 4.16 / 5.21 against 2.33 / 2.72 / 4.33
     # / 5.64. (The mailbox consumers keep the barrier until it is measured with ranks at once.)
     ASYNC_EXCHANGE: tl.constexpr = EXCHANGE & LOCAL
-    # The latency form stores the mixed streams after the exchange in calls of few rows: the
-    # exchange's release (a MEMBAR.GPU) waits for every store issued before it to complete, a round
-    # trip on the way to the norm. In calls of more rows the stores would then end the kernel instead
+    # The latency form stores the mixed streams after the exchange in calls of few rows: the barrier
+    # exchange's release (a MEMBAR.GPU) waited for every store issued before it to complete, a round
+    # trip on the way to the norm (measured so; whether it still pays with the mbarrier exchange,
+    # which has no release, is not measured). In calls of more rows the stores would then end the kernel instead
     # of draining during the exchange (H = 7168, stored late at every M: plain M = 64 / 100 4.7 / 6.1
     # us against 4.2 / 5.0 stored early).
     LATE_STORES: tl.constexpr = EXCHANGE & PER_THREAD_WEIGHTS
@@ -438,7 +439,7 @@ def consumer_kernel(
     root_index = tl.arange(0, ROOTS)
     PARTS: tl.constexpr = CHUNK // 256  # a chunk's squares are summed in a part per warp (plan.row_warps)
     token_roots = parked_roots_ptr + token * CHUNKS
-    mbarrier = tl.zeros([], tl.int32)
+    mbarrier = None  # the local form's (ASYNC_EXCHANGE)
     if EXCHANGE:
         if ASYNC_EXCHANGE:
             mbarrier = ptx.cluster_arrive_expecting(CHUNKS * PARTS * 4)
@@ -562,7 +563,7 @@ def consumer_kernel(
         h = part * CHUNK + c
         gamma = tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0)  # in flight during the exchange
         if ON_GPU:
-            inv_rms = _exchanged_inverse_rms(parts, part, eps, HIDDEN, CHUNKS, ROOTS, PARTS, ASYNC_EXCHANGE, mbarrier)
+            inv_rms = _exchanged_inverse_rms(parts, part, eps, HIDDEN, CHUNKS, ROOTS, PARTS, mbarrier)
             if LATE_STORES:
                 if num_tokens <= LATE_STORE_MAX_ROWS:
                     _store_streams(mixed_streams, token, h, h < HIDDEN, streams, residual_out_ptr, HIDDEN, HC,
