@@ -99,17 +99,17 @@ def _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, re
                CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, PARKED_BYTES: tl.constexpr,
                STREAMED: tl.constexpr, ON_GPU: tl.constexpr, PER_THREAD_WEIGHTS: tl.constexpr,
                STORE_STREAMS: tl.constexpr):
-    """The first pass over one chunk: post-mix the streams (and store them, if ``STORE_STREAMS``);
-    then (with the norm) collapse and return the roots of the squares' tree's subtrees of a warp
-    each (``subtree_roots``: the chunk's tree goes on across warps later), the prenormalized chunk's
-    bf16 bits and the mixed streams' (for ``_store_streams``), having parked the chunk (``_park``)
-    if ``PARK``.
+    """The first pass over one chunk (``reduced``: its fp32 values): post-mix the streams (and store
+    them, if ``STORE_STREAMS``); then (with the norm) collapse and return the roots of the squares'
+    tree's subtrees of a warp each (``subtree_roots``: the chunk's tree goes on across warps later),
+    the prenormalized chunk's bf16 bits and the mixed streams' (for ``_store_streams``), having
+    parked the chunk (``_park``) if ``PARK``.
     The streams come as one [BLOCK_HC, CHUNK] tile, each thread holding all its rows, and the mix
     runs on the tile: as HC separate vectors with scalar weights, ptxas issued two of the streams'
     loads only when the mix reached them (a second memory latency), 1.3-1.5 us slower at M = 64-128
     on one H200. The weights come as ``_mix_weights`` loaded them."""
     # Post-mix, all targets at once: m[j] = reduced * post[j], then m[j] = fma(res[s], comb[s, j], m[j]).
-    mixed = bf16_to_f32(reduced, ON_GPU)[None, :] * post[:, None]
+    mixed = reduced[None, :] * post[:, None]
     for source in tl.static_range(HC):
         stream = bf16_to_f32(row_of(residual, streams, source).to(tl.int16), ON_GPU)
         if PER_THREAD_WEIGHTS:
@@ -134,7 +134,7 @@ def _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, re
                 weight = tl.sum(tl.where(streams == target, pre, 0)).to(tl.float32, bitcast=True)
             stream = bf16_to_f32(row_of(residual_out.to(tl.int32), streams, target).to(tl.int16), ON_GPU)
             collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
-        prenorm_bits = f32_to_bf16(collapsed, ON_GPU)
+        prenorm_bits = f32_to_bf16(collapsed, ON_GPU, ANY_NAN=True)  # not an output: the norm's is
         if PARK:
             _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES)
         prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
@@ -282,7 +282,10 @@ def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, valu
         in_row = h < HIDDEN
         if PREFETCH:
             gamma = next_gamma
-            next_gamma = tl.load(gamma_ptr + CHUNK + h, mask=CHUNK + h < HIDDEN, other=0)
+            if HIDDEN % CHUNK == 0:  # unmasked, as _chunk_inputs' loads
+                next_gamma = tl.load(gamma_ptr + tl.minimum(chunk + 1, CHUNKS - 1) * CHUNK + c)
+            else:
+                next_gamma = tl.load(gamma_ptr + CHUNK + h, mask=CHUNK + h < HIDDEN, other=0)
         else:
             gamma = tl.load(gamma_ptr + h, mask=in_row, other=0)
         _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES), gamma, inv_rms, token,
@@ -331,14 +334,21 @@ def _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED: tl.c
 
 @triton.jit
 def _chunk_inputs(chunk, token, tile_rows, in_streams, residual_ptr, x_ptr, HIDDEN: tl.constexpr,
-                  CHUNK: tl.constexpr, STREAMED: tl.constexpr):
+                  CHUNK: tl.constexpr, CHUNKS: tl.constexpr, STREAMED: tl.constexpr):
     """The streams and ``x`` of chunk ``chunk`` (``_take_chunk``'s loads), issued ahead of their use;
-    past the row every lane is masked off, so the loop's last prefetch moves nothing."""
-    h = chunk * CHUNK + tl.arange(0, CHUNK)
-    in_row = h < HIDDEN
-    residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
+    past the row every lane is masked off, so the loop's last prefetch moves nothing. Where the chunks
+    tile the row, the loads are not masked (a masked load zeroes its registers first: 10 instructions
+    a chunk) and the last prefetch loads the last chunk again instead, from L1."""
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
-    x = tl.load(x_ptr + token * HIDDEN + h, mask=in_row, other=0, eviction_policy=LOAD_POLICY)
+    if HIDDEN % CHUNK == 0:
+        h = tl.minimum(chunk, CHUNKS - 1) * CHUNK + tl.arange(0, CHUNK)
+        residual = tl.load(residual_ptr + tile_rows + h[None, :], eviction_policy=LOAD_POLICY).to(tl.int32)
+        x = tl.load(x_ptr + token * HIDDEN + h, eviction_policy=LOAD_POLICY)
+    else:
+        h = chunk * CHUNK + tl.arange(0, CHUNK)
+        in_row = h < HIDDEN
+        residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
+        x = tl.load(x_ptr + token * HIDDEN + h, mask=in_row, other=0, eviction_policy=LOAD_POLICY)
     return residual, x
 
 
@@ -357,17 +367,20 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb, pre, 
     in_row = h < HIDDEN
     if residual is None:
         residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
-    if x is not None:
-        # The parked streaming form's x in pairs: one H200, tp = 1, quant, us in pairs / one a value:
-        # M = 256 H 4096 / 5120 5.86 / 6.13, 6.74 / 7.24; M = 1024 H 7168 42.92 / 43.40. (Every
-        # canonicalization in pairs, the latency forms' too, lost at M = 8: H 5120 plain 2.37 / 2.22.)
-        reduced = canonical_zero(x, IN_PAIRS=ON_GPU)
-    elif LOCAL:
-        reduced = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
-                                     PUBLISH == PUBLISH_FINALIZE, ON_GPU, STREAMED)
+    # x's -0.0 becomes +0.0 in fp32, adding +0.0 (exact for every other value): one add a value on
+    # the FMA pipe, where the integer forms took 1.5 (in pairs) or 2 on the busier integer pipe.
+    if x is None:
+        if LOCAL:
+            reduced = bf16_to_f32(contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN,
+                                                     TOP_K, PUBLISH == PUBLISH_FINALIZE, ON_GPU, STREAMED,
+                                                     ZERO_CANONICAL=PUBLISH == PUBLISH_FINALIZE), ON_GPU)
+            if PUBLISH == PUBLISH_X:
+                reduced = reduced + 0.0
+        else:
+            reduced = bf16_to_f32(_reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation,
+                                                 capacity, TP, HIDDEN, REDUCED, ON_GPU), ON_GPU)
     else:
-        reduced = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity,
-                                 TP, HIDDEN, REDUCED, ON_GPU)
+        reduced = bf16_to_f32(x, ON_GPU) + 0.0
     return _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, residual_out_ptr,
                       layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, PARKED_BYTES, STREAMED, ON_GPU,
                       PER_THREAD_WEIGHTS, STORE_STREAMS)
@@ -526,13 +539,13 @@ def consumer_kernel(
                 part_roots = tl.zeros([PARTS, ROOTS], tl.float32)
                 if PREFETCH:
                     next_residual, next_x = _chunk_inputs(0, token, tile_rows, in_streams, residual_ptr, x_ptr,
-                                                          HIDDEN, CHUNK, STREAMED)
+                                                          HIDDEN, CHUNK, CHUNKS, STREAMED)
                 for chunk in range(CHUNKS):  # parked for the second pass
                     residual, x = None, None
                     if PREFETCH:  # the next chunk's loads in flight while this one is mixed
                         residual, x = next_residual, next_x
                         next_residual, next_x = _chunk_inputs(chunk + 1, token, tile_rows, in_streams, residual_ptr,
-                                                              x_ptr, HIDDEN, CHUNK, STREAMED)
+                                                              x_ptr, HIDDEN, CHUNK, CHUNKS, STREAMED)
                     parts, _, _ = _take_chunk(
                         residual, chunk, token, tile_rows, in_streams, post, comb, pre, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,

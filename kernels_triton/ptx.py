@@ -60,7 +60,8 @@ def canonical_zero_x2(bits):
 def bf16x2_rn_raw(x):
     """bf16 bits (int16) of fp32 ``x``, round to nearest even, two values a ``cvt.rn.bf16x2.f32``
     (Triton's own cast converts one value an instruction); a NaN comes out as the hardware gives it.
-    For kernels outside the bit contract (the benchmark's baselines). GPU only."""
+    For values no output takes as they are (``numerics.f32_to_bf16``'s ``ANY_NAN``) and kernels
+    outside the bit contract (the benchmark's baselines). GPU only."""
     return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", args=[x], dtype=tl.int16,
                                      is_pure=True, pack=2)
 

@@ -22,10 +22,11 @@ from .numerics import bf16_to_f32, canonical_zero, f32_to_bf16
 @triton.jit
 def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
                        HIDDEN: tl.constexpr, TOP_K: tl.constexpr, FINALIZE: tl.constexpr, ON_GPU: tl.constexpr,
-                       STREAMED: tl.constexpr = False):
+                       STREAMED: tl.constexpr = False, ZERO_CANONICAL: tl.constexpr = True):
     """bf16 bits of a rank's contribution to ``token`` at columns ``h`` (whole 16-byte fragments;
     columns past HIDDEN read as +0): ``x``, or the MoE finalize (then ``x_ptr`` is the shared expert
-    output); zero canonicalized. ``STREAMED``: its inputs are loaded ``evict_first``."""
+    output); zero canonicalized, but where not ``ZERO_CANONICAL`` (a caller that canonicalizes
+    in fp32). ``STREAMED``: its inputs are loaded ``evict_first``."""
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
     if FINALIZE:
         acc = tl.zeros(h.shape, tl.float32)
@@ -41,7 +42,9 @@ def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
         contribution = f32_to_bf16(acc + bf16_to_f32(shared, ON_GPU), ON_GPU)
     else:
         contribution = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0, eviction_policy=LOAD_POLICY)
-    return canonical_zero(contribution)
+    if ZERO_CANONICAL:
+        contribution = canonical_zero(contribution)
+    return contribution
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
