@@ -37,15 +37,21 @@ MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and multimem.st
 COOPERATIVE_PROGRAMS_PER_SM = 7
 
 
-# The local calls of x take the cooperative form while they have at most this many rows per SM, by
-# the row's chunks and the variant (others: ``COOPERATIVE_PROGRAMS_PER_SM``), past which the streaming
-# form those calls take is faster. One H200, tp = 1, CUDA graphs, us cooperative / streaming: H = 4096
-# plain M = 100 / 128 / 192 3.52 / 3.60, 4.35 / 3.75, 5.67 / 4.76 (the prefetching wide twin), quant
-# 4.23 / 4.21, 4.98 / 4.25, 6.34 / 5.65 (wide); H = 5120 plain M = 128 / 192 4.36 / 4.68, 7.25 / 6.31,
-# quant 4.91 / 5.33, 8.02 / 6.55 (parked); H = 7168 plain M = 100 / 128 4.63 / 5.41, 5.99 / 5.60,
-# but quant (whose wide twin takes only many rows) M = 128 6.61 / 6.77 (parked), as before.
-LOCAL_X_COOPERATIVE_ROWS_PER_SM = {(4, "plain"): 0.85, (4, "quant"): 0.85, (5, "plain"): 1.0, (5, "quant"): 1.0,
-                                   (7, "plain"): 0.85, (7, "quant"): 1.0}
+# The local calls of x take the cooperative form in these windows of rows per SM (above, at most),
+# by the row's chunks and the variant (others: ``COOPERATIVE_PROGRAMS_PER_SM``); outside them the
+# streaming form those calls take (``LOCAL_X_WIDE_ROWS_PER_SM``) is faster: from one row per SM the
+# wide twin (one program per SM), and from a second program per SM again the cooperative form, for a
+# while. One H200, tp = 1, CUDA graphs, the cluster exchange on mbarriers, us cooperative (or its
+# capped twin past its resident clusters) / streaming: H = 4096 plain M = 100 / 128 / 160 3.39 /
+# 3.46, 4.33 / 3.67, 4.40 / 4.48 (wide), quant 3.78 / 4.06, 4.79 / 4.27, 5.07 / 5.41; H = 5120 plain
+# M = 160 / 192 / 224 5.64 / 5.87, 5.78 / 5.98, 6.62 / 6.08 (parked), quant 6.24 / 6.67, 6.69 / 6.90,
+# 7.45 / 6.95; H = 7168 plain M = 100 / 112 / 128 / 160 4.71 / 5.44, 5.84 / 5.44, 6.25 / 5.55, 7.12 /
+# 7.75 (wide), quant 5.27 / 6.45, 6.72 / 6.50, 6.68 / 6.12 (the four-chunk wide twin), 8.07 / 8.88
+# (parked); in two more runs at M = 160 every cooperative form was faster by 0.16-1.06 us. (H = 5120,
+# a second run: M = 192 plain 5.81 / 6.00, quant 6.69 / 6.82.)
+LOCAL_X_COOPERATIVE_ROWS_PER_SM = {(4, "plain"): ((0, 0.85), (1, 1.25)), (4, "quant"): ((0, 0.85), (1, 1.25)),
+                                   (5, "plain"): ((0, 1.5),), (5, "quant"): ((0, 1.5),),
+                                   (7, "plain"): ((0, 0.8), (1, 1.25)), (7, "quant"): ((0, 0.8), (1, 1.25))}
 
 # The tightest cap on CTAs per SM a cooperative local launch spreads to (``spread``). On one H200
 # the spread lost at H 4096, M 64 (plain 3.7 us against 3.4 unspread, quant 4.1 against 3.8); a
@@ -68,7 +74,34 @@ TILED_WIDE_MIN_ROWS_PER_SM = 4
 # and faster from 576, and no faster at few (M = 256 / 264: 10.4 / 10.4, 11.2 / 9.7 us).
 FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM = 4.25
 
+# The local calls of x take the wide twins at the rows per SM measured for their row's chunks and
+# variant (at most, at least; the second only where the wide twin takes the calls of many rows),
+# where the windows above hold other calls. One H200, tp = 1, CUDA graphs, us wide / parked, two
+# runs: H = 4096 plain M = 448 / 512 7.42 / 8.02, 9.08 / 9.65 and 9.16 / 9.54 (but M = 384 7.18 /
+# 6.70), quant 9.53 / 9.83, 10.94 / 11.11; H = 5120 plain (three chunks of 2048, the last half
+# masked) M = 224 / 256 6.36 / 6.08, 6.27 / 6.38 and 6.33 / 6.21: no wide twin for few rows; H = 7168
+# quant's four-chunk twin (16 warps) while an SM holds one: M = 128 / 132 6.12 / 6.68, 6.76 / 7.01
+# against the capped cooperative form, and 6.15 / 6.74, but M = 160 10.66 / 8.88 (parked).
+LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "plain"): (0, 4), (7, "plain"): (2, 4),
+                            (7, "quant"): (1, FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM)}
+
 UNBOUNDED = 1 << 62  # more rows (or clusters) than any call has
+
+
+def wide_window(hidden: int, variant: str, local_x: bool, sms: int) -> tuple[int, int]:
+    """(at most, at least): the rows of the local streaming calls of ``variant`` (of x, or the
+    finalize's) that take its wide twin on a GPU of ``sms`` SMs (``LOCAL_X_WIDE_ROWS_PER_SM`` where
+    measured, else ``WIDE_ROWS_PER_SM`` and ``TILED_WIDE_MIN_ROWS_PER_SM``, or the four-chunk twin's
+    many rows)."""
+    many = wide_takes_many_rows(hidden, variant, local_x)
+    measured = LOCAL_X_WIDE_ROWS_PER_SM.get((row_chunks(hidden)[1], variant)) if local_x else None
+    if measured is not None:
+        fewest, most = measured
+    elif four_chunk_wide(hidden, variant):
+        fewest, most = 0, FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM
+    else:
+        fewest, most = WIDE_ROWS_PER_SM, TILED_WIDE_MIN_ROWS_PER_SM
+    return int(fewest * sms), math.ceil(most * sms) if many else UNBOUNDED
 
 
 class TritonBackend:
@@ -107,9 +140,9 @@ class TritonKernels:
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else properties.multi_processor_count
         self.split_rows = self._split_rows()
-        # The local calls of x of each variant take the cooperative form up to this many rows
+        # The local calls of x of each variant take the cooperative form in these windows of rows
         # (every other call: ``split_rows``).
-        self.local_x_split_rows = {variant: self._split_rows(variant) for variant in VARIANT_CODES}
+        self.local_x_split_windows = {variant: self._local_x_split_windows(variant) for variant in VARIANT_CODES}
         # Local calls in STREAMED_ROWS that move at least the L2's bytes take the hinted twins.
         self.streamed_rows = STREAMED_ROWS
         # Local calls of at least this many rows take the held twins, where the plan has them.
@@ -135,36 +168,38 @@ class TritonKernels:
             if spec.tp > 1:
                 pin_build(self)  # lamport_mhc.carveout: waiting kernels must not starve a peer's
 
-    def _split_rows(self, local_x_variant: str | None = None) -> int:
-        """Calls of at most this many rows take the cooperative form (a program per chunk of a
-        token): by default while the call's programs fit one wave, the local calls of x of
-        ``local_x_variant`` as measured (``LOCAL_X_COOPERATIVE_ROWS_PER_SM``); on CPU never, unless
-        asked."""
+    def _split_rows(self) -> int:
+        """Calls of at most this many rows take the cooperative form (a program per chunk of a token):
+        by default while the call's programs fit one wave; on CPU never, unless asked."""
         if self.cooperative_split is None:
             return 0
         if self.spec.split_rows is not None:
             return self.spec.split_rows
         if self.resident is None:
             return 0
-        measured = LOCAL_X_COOPERATIVE_ROWS_PER_SM.get((self.chunks, local_x_variant))
-        if measured is not None:
-            return int(measured * self.resident)
         return COOPERATIVE_PROGRAMS_PER_SM * self.resident // self.chunks
 
+    def _local_x_split_windows(self, variant: str) -> tuple[tuple[int, int], ...]:
+        """The windows of rows (above, at most) whose local calls of x of ``variant`` take the
+        cooperative form: as measured (``LOCAL_X_COOPERATIVE_ROWS_PER_SM``), else ``split_rows``'."""
+        measured = LOCAL_X_COOPERATIVE_ROWS_PER_SM.get((self.chunks, variant))
+        if measured is None or self.spec.split_rows is not None or self.resident is None:
+            return ((0, self.split_rows),)
+        return tuple((int(above * self.resident), int(most * self.resident)) for above, most in measured)
+
     def _wide_window(self, variant: str, local_x: bool) -> tuple[int, int]:
-        """(at most, at least): the rows of the local streaming calls of ``variant`` (of x, or the
-        finalize's) that take its wide twin (the interpreter, which has no SMs: every call, where that
+        """``wide_window`` on this GPU (the interpreter, which has no SMs: every call, where the wide
         twin takes many rows)."""
-        many = wide_takes_many_rows(self.spec.hidden, variant, local_x)
         if self.interpret:
-            return 0, 0 if many else UNBOUNDED
-        if four_chunk_wide(self.spec.hidden, variant):
-            return 0, math.ceil(FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM * self.resident)
-        return WIDE_ROWS_PER_SM * self.resident, TILED_WIDE_MIN_ROWS_PER_SM * self.resident if many else UNBOUNDED
+            return 0, 0 if wide_takes_many_rows(self.spec.hidden, variant, local_x) else UNBOUNDED
+        return wide_window(self.spec.hidden, variant, local_x, self.resident)
 
     def _split(self, m: int, waits_for_twins: bool = False, local_x_variant: str | None = None) -> int:
         """Programs per token of a call of ``m`` rows (``local_x_variant``: a local call of x's variant)."""
-        split = m <= (self.split_rows if local_x_variant is None else self.local_x_split_rows[local_x_variant])
+        if local_x_variant is None:
+            split = m <= self.split_rows
+        else:
+            split = any(above < m <= most for above, most in self.local_x_split_windows[local_x_variant])
         if waits_for_twins and self.resident is not None:
             split = split and m * self.chunks <= self.resident
         return self.cooperative_split if split else 1

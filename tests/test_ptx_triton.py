@@ -380,13 +380,19 @@ def test_four_chunk_wide_twins_leave_at_most_one_chunk_masked():
 
 def test_bf16_rounding_is_one_conversion_a_pair(build):
     """The contract's fp32 -> bf16 rounding is cvt.rn.bf16x2.f32 on the GPU, two values at once, its
-    NaN then made 0x7FC0 by min.s16x2, as many of one as of the other."""
+    NaN then made 0x7FC0 by min.s16x2: every conversion of the publishes and the owner reduce; in the
+    consumers all but the prenormalized row's (no output takes it as it is): at most one for every
+    four that are canonicalized, and none where they do not normalize."""
     _, ptx = build
     for name, text in ptx.items():
         if name.startswith(("consumer", "one_kernel", "owner_reduce", "finalize_publish")):
-            conversions = _ops(text, r"cvt\.rn\.bf16x2\.f32")
-            assert conversions and len(conversions) == len(_ops(text, r"min\.s16x2")), name
-            assert not _ops(text, r"cvt\.rn\.bf16\.f32"), name
+            conversions = len(_ops(text, r"cvt\.rn\.bf16x2\.f32"))
+            canonical = len(_ops(text, r"min\.s16x2"))
+            assert canonical and not _ops(text, r"cvt\.rn\.bf16\.f32"), name
+            if name.startswith(("owner_reduce", "finalize_publish")) or name.endswith("_residual"):
+                assert conversions == canonical, name
+            else:
+                assert canonical < conversions <= canonical + canonical // 4, name
 
 
 def _run_asm(asm: str, source):

@@ -9,6 +9,7 @@ from lamport_mhc import SimulatedGroup
 from lamport_mhc.paths import FusedPath
 from lamport_mhc.testing import assert_outputs_match, call_simulated, check_simulated, random_inputs
 from lamport_mhc.traffic import STREAMED_ROWS
+from kernels_triton.backend import UNBOUNDED, wide_window
 from kernels_triton.plan import HELD_MIN_ROWS, row_chunks
 from kernels_triton.spread import Spread
 
@@ -214,21 +215,27 @@ def test_latency_form_bound_and_residency():
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
 
 
-@pytest.mark.parametrize("hidden,plain_rows,quant_rows", [(4096, 112, 112), (5120, 132, 132), (7168, 112, 132),
-                                                         (1408, 308, 308)])
-def test_local_calls_of_x_take_the_cooperative_form_as_measured(hidden, plain_rows, quant_rows):
-    """On 132 SMs the local calls of x take the cooperative form up to the rows per SM measured for
-    their row's chunks (4, 5, 7) and variant; other widths, variants and calls: while 7 programs per
-    SM hold them."""
+@pytest.mark.parametrize("hidden,windows", [(4096, ((0, 112), (132, 165))), (5120, ((0, 198),)),
+                                            (7168, ((0, 105), (132, 165))), (1408, ((0, 308),))])
+def test_local_calls_of_x_take_the_cooperative_form_as_measured(hidden, windows):
+    """On 132 SMs the local calls of x take the cooperative form in the windows of rows per SM
+    measured for their row's chunks (4, 5, 7) and variant; other widths and calls: while 7 programs
+    per SM hold them."""
     kernels = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY,
                              top_k=TOP_K).paths[0].kernels["triton"]
     kernels.resident = 132  # as on an H200
     kernels.split_rows = kernels._split_rows()
-    kernels.local_x_split_rows = {v: kernels._split_rows(v) for v in kernels.local_x_split_rows}
-    assert kernels.split_rows == kernels.local_x_split_rows["residual"] == 7 * 132 // kernels.chunks
-    for variant, rows in (("plain", plain_rows), ("quant", quant_rows)):
-        assert kernels.local_x_split_rows[variant] == rows
-        assert [kernels._split(m, local_x_variant=variant) for m in (rows, rows + 1)] == [kernels.chunks, 1]
+    kernels.local_x_split_windows = {v: kernels._local_x_split_windows(v) for v in kernels.local_x_split_windows}
+    assert kernels.split_rows == 7 * 132 // kernels.chunks
+    assert kernels.local_x_split_windows["residual"] == ((0, kernels.split_rows),)
+    for variant in ("plain", "quant"):
+        assert kernels.local_x_split_windows[variant] == windows
+        for above, most in windows:
+            rows = (above, above + 1, most, most + 1) if above else (1, most, most + 1)
+            expected = [kernels.chunks if above < m <= most else 1 for m in rows]
+            assert [kernels._split(m, local_x_variant=variant) for m in rows] == expected
+            assert expected[0] == (1 if above else kernels.chunks) and expected[-1] == 1
+    assert kernels._split(kernels.split_rows) == kernels.chunks  # a finalize call
 
 
 def _recording_launches(kernels) -> list[str]:
@@ -299,6 +306,17 @@ def test_local_calls_take_the_wide_twins_outside_their_window():
                            quantize_layer_input=True, split_rows=0).paths[0].kernels["triton"]
     assert tiled.wide_rows["quant", True] == (0, 0) and "local_quant_wide" in tiled.plan
     assert "local_plain_held" not in tiled.plan
+
+
+@pytest.mark.parametrize("hidden,variant,local_x,window", [
+    (4096, "plain", True, (264, 396)), (4096, "quant", True, (264, 396)), (5120, "plain", True, (0, 528)),
+    (7168, "plain", True, (264, 528)), (7168, "quant", True, (132, 561)),
+    (4096, "plain", False, (264, 528)), (5120, "plain", False, (264, UNBOUNDED)), (1408, "plain", True, (264, 528))])
+def test_wide_windows_as_measured(hidden, variant, local_x, window):
+    """On 132 SMs the local calls of x take the wide twins at the rows per SM measured for their row's
+    chunks and variant (the four-chunk twin of H = 7168 quant also while an SM holds one); the
+    finalize and unmeasured widths at the general bounds (many rows only where the wide twin takes them)."""
+    assert wide_window(hidden, variant, local_x, 132) == window
 
 
 def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():
