@@ -45,11 +45,8 @@ def f32_to_bf16(x, ON_GPU: tl.constexpr, ANY_NAN: tl.constexpr = False):
 
 
 @triton.jit
-def canonical_zero(bits, IN_PAIRS: tl.constexpr = False):
-    """-0.0 -> +0.0 on bf16 bits, so a published value never equals the sentinel. ``IN_PAIRS`` (GPU
-    only): two values a register in three integer instructions (``ptx.canonical_zero_x2``)."""
-    if IN_PAIRS:
-        return ptx.canonical_zero_x2(bits)
+def canonical_zero(bits):
+    """-0.0 -> +0.0 on bf16 bits, so a published value never equals the sentinel."""
     return tl.where(bits == SENTINEL, 0, bits).to(tl.int16)
 
 

@@ -41,21 +41,6 @@ def bf16x2_rn(x):
         "=r,r,r", args=[x], dtype=tl.int16, is_pure=True, pack=2)
 
 
-# -0.0 (0x8000) made +0.0 on two bf16 values a register: a half's magnitude plus 0x7FFF carries
-# into its sign bit exactly when the magnitude is non-zero (never into the other half), and lop3
-# (LUT 0xD0: a & (b | ~c)) keeps the sign where it carried, every other bit always.
-CANONICAL_ZERO_X2_ASM = tl.constexpr("{ .reg .b32 keep; and.b32 keep, $1, 0x7FFF7FFF; add.u32 keep, keep, 0x7FFF7FFF; "
-                                     "lop3.b32 $0, $1, keep, 0x80008000, 0xD0; }")
-
-
-@triton.jit
-def canonical_zero_x2(bits):
-    """bf16 bits (int16) with -0.0 made +0.0, two values in three integer instructions
-    (``CANONICAL_ZERO_X2_ASM``). GPU only: ``numerics.canonical_zero`` holds the interpreter's twin."""
-    return tl.inline_asm_elementwise(CANONICAL_ZERO_X2_ASM, "=r,r", args=[bits], dtype=tl.int16, is_pure=True,
-                                     pack=2)
-
-
 @triton.jit
 def bf16x2_rn_raw(x):
     """bf16 bits (int16) of fp32 ``x``, round to nearest even, two values a ``cvt.rn.bf16x2.f32``

@@ -4,14 +4,12 @@ PTX shows what the protocol and the bit contract need."""
 import re
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from lamport_mhc.backend import BuildSpec
 from kernels_triton import plan
 from kernels_triton.launch_shape import set_launch_shape, set_launch_shared_bytes
 from kernels_triton.offline import compile_ptx
-from kernels_triton.ptx import CANONICAL_ZERO_X2_ASM
 
 # The module's builds are shared fixtures: its tests run on one xdist worker (``--dist loadgroup``),
 # which builds them once.
@@ -393,42 +391,3 @@ def test_bf16_rounding_is_one_conversion_a_pair(build):
                 assert conversions == canonical, name
             else:
                 assert canonical < conversions <= canonical + canonical // 4, name
-
-
-def _run_asm(asm: str, source):
-    """Evaluate the integer PTX of ``asm`` (and / add / lop3 on .b32 registers) on a uint32 array."""
-    registers = {"$1": source.astype(np.uint64)}
-    value = lambda token: registers[token] if token in registers else np.uint64(int(token, 0))
-    for statement in filter(None, (s.strip(" {}") for s in asm.split(";"))):
-        if statement.startswith(".reg"):
-            continue
-        op, operands = statement.split(None, 1)
-        out, *args = [a.strip() for a in operands.split(",")]
-        if op == "and.b32":
-            result = value(args[0]) & value(args[1])
-        elif op == "add.u32":
-            result = value(args[0]) + value(args[1])
-        elif op == "lop3.b32":
-            a, b, c, lut = (value(x) for x in args)
-            result = np.zeros_like(registers["$1"])
-            for bit in range(8):  # lut bit (a << 2 | b << 1 | c) is the result where a, b, c hold those bits
-                if int(lut) >> bit & 1:
-                    pick = lambda x, on: x if on else ~x
-                    result |= pick(a, bit & 4) & pick(b, bit & 2) & pick(c, bit & 1)
-        else:
-            raise AssertionError(f"unexpected instruction {op}")
-        registers[out] = result & np.uint64(0xFFFFFFFF)
-    return registers["$0"].astype(np.uint32)
-
-
-def test_canonical_zero_in_pairs_makes_only_negative_zero_positive():
-    """``ptx.canonical_zero_x2`` on every bf16 value in either half, beside values that could carry."""
-    every = np.arange(1 << 16, dtype=np.uint32)
-    others = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x7FFF, 0xFFFF, 0x7F80, 0xFF80, 0x7FC0, 0x3F80],
-                      dtype=np.uint32)
-    expected = lambda half: np.broadcast_to(np.where(half == 0x8000, 0, half), every.shape)
-    for other in others:
-        for packed, low, high in ((every | other << 16, every, other), (other | every << 16, other, every)):
-            result = _run_asm(CANONICAL_ZERO_X2_ASM.value, packed)
-            assert np.array_equal(result & 0xFFFF, expected(low))
-            assert np.array_equal(result >> 16, expected(high))
