@@ -367,20 +367,20 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb, pre, 
     in_row = h < HIDDEN
     if residual is None:
         residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
-    # x's -0.0 becomes +0.0 in fp32, adding +0.0 (exact for every other value): one add a value on
-    # the FMA pipe, where the integer forms took 1.5 (in pairs) or 2 on the busier integer pipe.
     if x is None:
         if LOCAL:
-            reduced = bf16_to_f32(contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN,
-                                                     TOP_K, PUBLISH == PUBLISH_FINALIZE, ON_GPU, STREAMED,
-                                                     ZERO_CANONICAL=PUBLISH == PUBLISH_FINALIZE), ON_GPU)
-            if PUBLISH == PUBLISH_X:
-                reduced = reduced + 0.0
+            x = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
+                                   PUBLISH == PUBLISH_FINALIZE, ON_GPU, STREAMED,
+                                   ZERO_CANONICAL=PUBLISH == PUBLISH_FINALIZE)
         else:
-            reduced = bf16_to_f32(_reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation,
-                                                 capacity, TP, HIDDEN, REDUCED, ON_GPU), ON_GPU)
-    else:
-        reduced = bf16_to_f32(x, ON_GPU) + 0.0
+            x = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity, TP,
+                               HIDDEN, REDUCED, ON_GPU)
+    reduced = bf16_to_f32(x, ON_GPU)
+    if LOCAL:
+        if PUBLISH == PUBLISH_X:
+            # x's -0.0 becomes +0.0 in fp32, adding +0.0 (exact for every other value): one add a value
+            # on the FMA pipe, where the integer forms took 1.5 (in pairs) or 2 integer instructions.
+            reduced = reduced + 0.0
     return _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, residual_out_ptr,
                       layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, PARKED_BYTES, STREAMED, ON_GPU,
                       PER_THREAD_WEIGHTS, STORE_STREAMS)
