@@ -106,8 +106,8 @@ class CuteKernels:
         self.spec = replace(spec, ll_one_kernel_rows=one_kernel_rows(spec, device))
         self.workspace = workspace
         self.split_rows = SPLIT_ROWS if spec.split_rows is None else spec.split_rows
-        # Local calls in STREAMED_ROWS that move at least the L2's bytes take the streaming form's
-        # cache hints (a runtime argument: one kernel serves both).
+        # Local calls in STREAMED_ROWS that move (most of) the L2 take the streaming form's cache
+        # hints (``traffic.streams_past_l2``; a runtime argument: one kernel serves both).
         self.streamed_rows = STREAMED_ROWS
         self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else None
         self.plan = kernel_plan(self.spec)

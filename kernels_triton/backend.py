@@ -49,9 +49,30 @@ COOPERATIVE_PROGRAMS_PER_SM = 7
 # 7.75 (wide), quant 5.27 / 6.45, 6.72 / 6.50, 6.68 / 6.12 (the four-chunk wide twin), 8.07 / 8.88
 # (parked); in two more runs at M = 160 every cooperative form was faster by 0.16-1.06 us. (H = 5120,
 # a second run: M = 192 plain 5.81 / 6.00, quant 6.69 / 6.82.)
-LOCAL_X_COOPERATIVE_ROWS_PER_SM = {(4, "plain"): ((0, 0.85), (1, 1.25)), (4, "quant"): ((0, 0.85), (1, 1.25)),
+# With the uncapped form past its resident clusters (``LOCAL_X_CAPPED_MIN_ROWS_PER_SM``), a second
+# run: H = 4096 M = 176 / 192 quant 5.01 / 5.41 (wide), 5.80 / 5.42, plain 4.40 / 4.44, 5.15 / 4.45;
+# H = 7168 M = 105 / 112 / 128 quant 6.09 / 6.38 (wide), 6.46 / 6.56, 6.71 / 6.23, plain 5.52 / 5.43,
+# 5.71 / 5.41; M = 176 / 192 / 224 quant 8.21 / 8.80 (parked), 8.71 / 8.93, 9.88 / 9.10, plain 7.34
+# / 7.59 (wide), 7.85 / 7.79.
+LOCAL_X_COOPERATIVE_ROWS_PER_SM = {(4, "plain"): ((0, 0.85), (1, 1.25)), (4, "quant"): ((0, 0.85), (1, 1.35)),
                                    (5, "plain"): ((0, 1.5),), (5, "quant"): ((0, 1.5),),
-                                   (7, "plain"): ((0, 0.8), (1, 1.25)), (7, "quant"): ((0, 0.8), (1, 1.25))}
+                                   (7, "plain"): ((0, 0.8), (1, 1.35)), (7, "quant"): ((0, 0.85), (1, 1.5))}
+
+# The local calls of x take the cooperative form's capped twin, past the uncapped one's resident
+# clusters, only from these rows per SM, by the row's chunks where measured (inf: never); a second
+# wave of the uncapped form mostly beat one of the capped. One H200, tp = 1, us uncapped / capped:
+# H = 5120 (146 / 193 clusters resident) M = 160 / 192 plain 5.70 / 5.79, 6.35 / 5.99, quant 6.41 /
+# 6.79, 7.11 / 6.96; H = 7168 (101 / 139) M = 105 / 112 / 160 / 176 plain 5.52 / 5.85, 5.71 / 5.81,
+# 7.05 / 7.17, 7.34 / 7.46, quant 6.09 / 6.66, 6.46 / 6.86, 7.84 / 8.09, 8.21 / 8.40.
+LOCAL_X_CAPPED_MIN_ROWS_PER_SM = {5: 1.4, 7: math.inf}
+
+# The local finalize takes the cooperative form up to these rows per SM, by the row's chunks (others
+# and calls with a mailbox: ``COOPERATIVE_PROGRAMS_PER_SM``). One H200, tp = 1, two runs, us
+# cooperative / the wide twin the calls took at 7 programs per SM: H = 5120 M = 192 / 224 / 256 7.38
+# / 8.82, 9.50 / 9.54, 10.41 / 10.39; H = 7168 M = 160 / 192 / 224 / 256 9.24 / 11.27, 11.15 / 12.42,
+# 14.27 / 15.11, 18.55 / 17.06 (hinted). H = 4096, us cooperative / wide: M = 160 / 176 5.49 / 6.46,
+# 5.54 / 6.57; M = 192 / 224 6.93 / 6.72 and 6.78 / 6.59, 7.03 / 7.05 and 6.94 / 6.68.
+LOCAL_FINALIZE_COOPERATIVE_ROWS_PER_SM = {4: 1.4, 5: 1.75, 7: 1.75}
 
 # The tightest cap on CTAs per SM a cooperative local launch spreads to (``spread``). On one H200
 # the spread lost at H 4096, M 64 (plain 3.7 us against 3.4 unspread, quant 4.1 against 3.8); a
@@ -140,10 +161,15 @@ class TritonKernels:
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else properties.multi_processor_count
         self.split_rows = self._split_rows()
-        # The local calls of x of each variant take the cooperative form in these windows of rows
-        # (every other call: ``split_rows``).
-        self.local_x_split_windows = {variant: self._local_x_split_windows(variant) for variant in VARIANT_CODES}
-        # Local calls in STREAMED_ROWS that move at least the L2's bytes take the hinted twins.
+        # The local calls of each variant (``local_x``: of x, else the finalize's) take the
+        # cooperative form in these windows of rows (calls with a mailbox: ``split_rows``).
+        self.local_split_windows = {(variant, local_x): self._local_split_windows(variant, local_x)
+                                    for variant in VARIANT_CODES for local_x in (True, False)}
+        # Local calls of x of more rows than this take the capped cooperative twin, where they are
+        # also past the uncapped one's resident clusters.
+        self.local_x_capped_rows = self._local_x_capped_rows()
+        # Local calls in STREAMED_ROWS that move (most of) the L2 take the hinted twins
+        # (``traffic.streams_past_l2``).
         self.streamed_rows = STREAMED_ROWS
         # Local calls of at least this many rows take the held twins, where the plan has them.
         self.held_rows = HELD_MIN_ROWS
@@ -179,13 +205,26 @@ class TritonKernels:
             return 0
         return COOPERATIVE_PROGRAMS_PER_SM * self.resident // self.chunks
 
-    def _local_x_split_windows(self, variant: str) -> tuple[tuple[int, int], ...]:
-        """The windows of rows (above, at most) whose local calls of x of ``variant`` take the
-        cooperative form: as measured (``LOCAL_X_COOPERATIVE_ROWS_PER_SM``), else ``split_rows``'."""
-        measured = LOCAL_X_COOPERATIVE_ROWS_PER_SM.get((self.chunks, variant))
+    def _local_split_windows(self, variant: str, local_x: bool) -> tuple[tuple[int, int], ...]:
+        """The windows of rows (above, at most) whose local calls of ``variant`` (of x, or the
+        finalize's) take the cooperative form: as measured (``LOCAL_X_COOPERATIVE_ROWS_PER_SM``,
+        ``LOCAL_FINALIZE_COOPERATIVE_ROWS_PER_SM``), else ``split_rows``'."""
+        if local_x:
+            measured = LOCAL_X_COOPERATIVE_ROWS_PER_SM.get((self.chunks, variant))
+        else:
+            most = LOCAL_FINALIZE_COOPERATIVE_ROWS_PER_SM.get(self.chunks) if variant != "residual" else None
+            measured = None if most is None else ((0, most),)
         if measured is None or self.spec.split_rows is not None or self.resident is None:
             return ((0, self.split_rows),)
         return tuple((int(above * self.resident), int(most * self.resident)) for above, most in measured)
+
+    def _local_x_capped_rows(self) -> int:
+        """``LOCAL_X_CAPPED_MIN_ROWS_PER_SM`` on this GPU (unmeasured widths, the interpreter and
+        builds given ``split_rows``: every call past the resident clusters)."""
+        measured = LOCAL_X_CAPPED_MIN_ROWS_PER_SM.get(self.chunks)
+        if measured is None or self.spec.split_rows is not None or self.resident is None:
+            return 0
+        return UNBOUNDED if math.isinf(measured) else int(measured * self.resident)
 
     def _wide_window(self, variant: str, local_x: bool) -> tuple[int, int]:
         """``wide_window`` on this GPU (the interpreter, which has no SMs: every call, where the wide
@@ -194,12 +233,12 @@ class TritonKernels:
             return 0, 0 if wide_takes_many_rows(self.spec.hidden, variant, local_x) else UNBOUNDED
         return wide_window(self.spec.hidden, variant, local_x, self.resident)
 
-    def _split(self, m: int, waits_for_twins: bool = False, local_x_variant: str | None = None) -> int:
-        """Programs per token of a call of ``m`` rows (``local_x_variant``: a local call of x's variant)."""
-        if local_x_variant is None:
+    def _split(self, m: int, waits_for_twins: bool = False, local: tuple[str, bool] | None = None) -> int:
+        """Programs per token of a call of ``m`` rows (``local``: a local call's (variant, local_x))."""
+        if local is None:
             split = m <= self.split_rows
         else:
-            split = any(above < m <= most for above, most in self.local_x_split_windows[local_x_variant])
+            split = any(above < m <= most for above, most in self.local_split_windows[local])
         if waits_for_twins and self.resident is not None:
             split = split and m * self.chunks <= self.resident
         return self.cooperative_split if split else 1
@@ -230,20 +269,23 @@ class TritonKernels:
             instance.fn[grid](*args, **instance.constexprs, **instance.options, launch_pdl=self.spec.use_pdl)
 
     def _launch_consumer(self, name: str, m: int, *args, waits_for_twins: bool = False, phases: str = "both",
-                         streamed: bool = False, variant: str = "plain", local_x: bool = False):
-        """One launch of ``m * split`` programs (a token's adjacent; ``local_x``: a local call of x):
-        the cooperative form, by its capped twin past its resident clusters; or a streaming form, by
+                         streamed: bool = False, variant: str = "plain", local: bool = False,
+                         local_x: bool = False):
+        """One launch of ``m * split`` programs (a token's adjacent; ``local``: a local call, of x with
+        ``local_x``): the cooperative form, by its capped twin past its resident clusters (and for
+        calls of x, ``local_x_capped_rows``); or a streaming form, by
         its wide twin in ``wide_rows``' windows, else its held twin from ``held_rows`` rows, and the
         parked or wide one with ``streamed`` by its hinted twin. The interpreter, which runs programs
         one after another, runs a cooperative form's normalize as a second launch, once every program
         has left its chunk root."""
-        split = self._split(m, waits_for_twins, variant if local_x else None)
+        split = self._split(m, waits_for_twins, (variant, local_x) if local else None)
         fewest, most = self.wide_rows[variant, local_x]
         wide = (m <= fewest or m >= most) and f"{name}_wide" in self.plan
         held = m >= self.held_rows and f"{name}_held" in self.plan
         form = "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
         name += form
-        if form == "_split" and m > self._resident_clusters(name) and f"{name}_capped" in self.plan:
+        capped = m > self._resident_clusters(name) and (not local_x or m > self.local_x_capped_rows)
+        if form == "_split" and capped and f"{name}_capped" in self.plan:
             name += "_capped"
         if streamed and form in ("", "_wide"):
             name += "_streamed"
@@ -333,7 +375,7 @@ class TritonKernels:
         name, publish = self._with_contribution("local", call)
         self._launch_consumer(f"{name}_{call.consumer.variant}", call.m, *self._consumer_args("local", call.consumer),
                               *publish, self._ll_peers, self._ll_multicast, streamed=self._streamed(call),
-                              variant=call.consumer.variant, local_x=call.kind != "finalize")
+                              variant=call.consumer.variant, local=True, local_x=call.kind != "finalize")
 
     def _streamed(self, call: Call) -> bool:
         """Whether a local call takes the hinted twin (``traffic.streams_past_l2``)."""

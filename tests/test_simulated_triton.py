@@ -8,7 +8,7 @@ import torch
 from lamport_mhc import SimulatedGroup
 from lamport_mhc.paths import FusedPath
 from lamport_mhc.testing import assert_outputs_match, call_simulated, check_simulated, random_inputs
-from lamport_mhc.traffic import STREAMED_ROWS
+from lamport_mhc.traffic import STREAMED_ROWS, streams_past_l2
 from kernels_triton.backend import UNBOUNDED, wide_window
 from kernels_triton.plan import HELD_MIN_ROWS, row_chunks
 from kernels_triton.spread import Spread
@@ -215,27 +215,38 @@ def test_latency_form_bound_and_residency():
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
 
 
-@pytest.mark.parametrize("hidden,windows", [(4096, ((0, 112), (132, 165))), (5120, ((0, 198),)),
-                                            (7168, ((0, 105), (132, 165))), (1408, ((0, 308),))])
-def test_local_calls_of_x_take_the_cooperative_form_as_measured(hidden, windows):
-    """On 132 SMs the local calls of x take the cooperative form in the windows of rows per SM
-    measured for their row's chunks (4, 5, 7) and variant; other widths and calls: while 7 programs
-    per SM hold them."""
+def _as_on_an_h200(hidden: int):
+    """The Triton kernels of a group of one at ``hidden``, their bounds derived as on 132 SMs."""
     kernels = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY,
                              top_k=TOP_K).paths[0].kernels["triton"]
-    kernels.resident = 132  # as on an H200
+    kernels.resident = 132
     kernels.split_rows = kernels._split_rows()
-    kernels.local_x_split_windows = {v: kernels._local_x_split_windows(v) for v in kernels.local_x_split_windows}
+    kernels.local_split_windows = {key: kernels._local_split_windows(*key) for key in kernels.local_split_windows}
+    kernels.local_x_capped_rows = kernels._local_x_capped_rows()
+    return kernels
+
+
+@pytest.mark.parametrize("hidden,plain,quant,finalize", [
+    (4096, ((0, 112), (132, 165)), ((0, 112), (132, 178)), 184), (5120, ((0, 198),), ((0, 198),), 231),
+    (7168, ((0, 105), (132, 178)), ((0, 112), (132, 198)), 231), (1408, ((0, 308),), ((0, 308),), 308)])
+def test_local_calls_take_the_cooperative_form_as_measured(hidden, plain, quant, finalize):
+    """On 132 SMs the local calls take the cooperative form in the windows of rows per SM measured for
+    their row's chunks (4, 5, 7): the calls of x by variant, the finalize's up to 1.4-1.75 rows per SM.
+    Other widths, the residual variant and calls with a mailbox: while 7 programs per SM hold them."""
+    kernels = _as_on_an_h200(hidden)
     assert kernels.split_rows == 7 * 132 // kernels.chunks
-    assert kernels.local_x_split_windows["residual"] == ((0, kernels.split_rows),)
-    for variant in ("plain", "quant"):
-        assert kernels.local_x_split_windows[variant] == windows
+    for local_x in (True, False):
+        assert kernels.local_split_windows["residual", local_x] == ((0, kernels.split_rows),)
+    expected_windows = {("plain", True): plain, ("quant", True): quant, ("plain", False): ((0, finalize),),
+                        ("quant", False): ((0, finalize),)}
+    for key, windows in expected_windows.items():
+        assert kernels.local_split_windows[key] == windows, key
         for above, most in windows:
             rows = (above, above + 1, most, most + 1) if above else (1, most, most + 1)
             expected = [kernels.chunks if above < m <= most else 1 for m in rows]
-            assert [kernels._split(m, local_x_variant=variant) for m in rows] == expected
+            assert [kernels._split(m, local=key) for m in rows] == expected
             assert expected[0] == (1 if above else kernels.chunks) and expected[-1] == 1
-    assert kernels._split(kernels.split_rows) == kernels.chunks  # a finalize call
+    assert kernels._split(kernels.split_rows) == kernels.chunks  # a call with a mailbox
 
 
 def _recording_launches(kernels) -> list[str]:
@@ -244,6 +255,17 @@ def _recording_launches(kernels) -> list[str]:
     launch = kernels._launch
     kernels._launch = lambda name, *args, **overrides: (launched.append(name), launch(name, *args, **overrides))
     return launched
+
+
+@pytest.mark.parametrize("hidden,variant,m,hinted", [
+    (5120, "plain", 512, True), (5120, "quant", 448, False), (5120, "finalize", 320, True), (7168, "finalize", 256, False),
+    (7168, "plain", 384, True), (7168, "quant", 320, False), (4096, "plain", 640, False), (4096, "finalize", 384, False),
+    (4096, "plain", 768, True), (4096, "finalize", 256, False)])
+def test_calls_take_the_hints_from_the_measured_fraction_of_the_l2(hidden, variant, m, hinted):
+    """On 60 MiB of L2: from 0.8 of it at H = 5120 and 7168 (5120 quant M = 448 moves 0.77; the
+    finalize of 256 rows at 7168 1.05, below the rows' window), from all of it at 4096 (plain M = 640
+    0.83, 768 1.00)."""
+    assert streams_past_l2(variant, m, hidden, HC, 8, 60 << 20) == hinted
 
 
 def test_local_calls_take_the_hinted_twins_in_their_window():
@@ -332,6 +354,26 @@ def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():
     for m, variant in ((3, "quant"), (1, "plain"), (CAPACITY, "quant")):
         check_simulated(group, random_inputs(1, m, 7168, HC, seed=m, top_k=TOP_K), variant, EPS)
     assert launched == ["local_quant_wide", "local_plain_wide", "local_quant_wide"]
+
+
+@pytest.mark.parametrize("hidden,capped_rows,most", [(4096, 0, 160), (5120, 184, 190), (7168, UNBOUNDED, 170)])
+def test_local_calls_of_x_take_the_capped_twin_as_measured(hidden, capped_rows, most):
+    """On 132 SMs the local cooperative calls of x past the uncapped form's resident clusters take
+    the capped twin only from 1.4 rows per SM at H = 5120 and never at 7168 (unmeasured widths: from
+    the resident clusters); the finalize's from the resident clusters."""
+    kernels = _as_on_an_h200(hidden)
+    assert kernels.local_x_capped_rows == capped_rows
+    launched = []
+    kernels._launch = lambda name, *args, **overrides: launched.append(name)  # mix, then normalize
+    kernels._spreads["local_plain_split"] = (None, 0, (Spread(ctas_per_sm=8, clusters=100, shared_bytes=0),))
+    kernels._spreads["local_finalize_plain_split"] = kernels._spreads["local_plain_split"]
+    rows = (100, 101, most)  # 100 clusters resident; every call in a cooperative window
+    for m in rows:
+        kernels._launch_consumer("local_plain", m, local=True, local_x=True)
+        kernels._launch_consumer("local_finalize_plain", m, local=True)
+    assert launched[::4] == launched[1::4] == [f"local_plain_split{'_capped' if 100 < m and capped_rows < m else ''}"
+                                               for m in rows]
+    assert launched[2::4] == launched[3::4] == ["local_finalize_plain_split"] + ["local_finalize_plain_split_capped"] * 2
 
 
 def test_cooperative_calls_past_the_resident_clusters_take_the_capped_twin():
