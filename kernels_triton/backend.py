@@ -102,9 +102,20 @@ FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM = 4.25
 # 6.70), quant 9.53 / 9.83, 10.94 / 11.11; H = 5120 plain (three chunks of 2048, the last half
 # masked) M = 224 / 256 6.36 / 6.08, 6.27 / 6.38 and 6.33 / 6.21: no wide twin for few rows; H = 7168
 # quant's four-chunk twin (16 warps) while an SM holds one: M = 128 / 132 6.12 / 6.68, 6.76 / 7.01
-# against the capped cooperative form, and 6.15 / 6.74, but M = 160 10.66 / 8.88 (parked).
-LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "plain"): (0, 4), (7, "plain"): (2, 4),
+# against the capped cooperative form, and 6.15 / 6.74, but M = 160 10.66 / 8.88 (parked). H = 7168
+# plain from 5.5 rows per SM (one wave of 8 parked programs per SM is still faster), us parked /
+# wide, both hinted: M = 576 / 608 / 640 / 672 / 704 25.68 / 26.69, 26.78 / 29.61, 27.76 / 30.05
+# (27.84 / 29.92 in another run), 28.92 / 30.22, 29.63 / 30.35; M = 768 / 896 / 1024 / 1536 31.86 /
+# 31.17, 35.98 / 36.04, 39.52 / 40.15, 62.39 / 59.23.
+LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "plain"): (0, 4), (7, "plain"): (2, 5.5),
                             (7, "quant"): (1, FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM)}
+
+# The local calls of x take the held twin, where the plan has one, also in these windows of rows per
+# SM (above, at most), by the row's chunks and variant: at H = 5120 quant while one wave of held
+# programs (5 per SM) holds the call. One H200, tp = 1, us held / parked (hinted): M = 576 / 608 /
+# 640 18.45 / 21.05, 19.12 / 21.70, 19.52 / 22.81 (19.62 / 22.60 in another run); but M = 512 /
+# 672 16.92 / 14.62, 27.49 / 24.01.
+LOCAL_X_HELD_ROWS_PER_SM = {(5, "quant"): ((4.25, 5),)}
 
 UNBOUNDED = 1 << 62  # more rows (or clusters) than any call has
 
@@ -171,8 +182,10 @@ class TritonKernels:
         # Local calls in STREAMED_ROWS that move (most of) the L2 take the hinted twins
         # (``traffic.streams_past_l2``).
         self.streamed_rows = STREAMED_ROWS
-        # Local calls of at least this many rows take the held twins, where the plan has them.
+        # Local calls of at least this many rows take the held twins, where the plan has them (the
+        # calls of x of each variant also in local_x_held_windows).
         self.held_rows = HELD_MIN_ROWS
+        self.local_x_held_windows = {variant: self._local_x_held_windows(variant) for variant in VARIANT_CODES}
         # Local streaming calls of at most wide_rows[variant, local_x][0] or at least [1] rows take
         # the wide twins, where the plan has them (``local_x``: the calls of x, else the finalize's).
         self.wide_rows = {(variant, local_x): self._wide_window(variant, local_x)
@@ -226,6 +239,13 @@ class TritonKernels:
             return 0
         return UNBOUNDED if math.isinf(measured) else int(measured * self.resident)
 
+    def _local_x_held_windows(self, variant: str) -> tuple[tuple[int, int], ...]:
+        """``LOCAL_X_HELD_ROWS_PER_SM`` on this GPU (none where unmeasured, or no SMs are known)."""
+        measured = LOCAL_X_HELD_ROWS_PER_SM.get((self.chunks, variant), ())
+        if self.resident is None:
+            return ()
+        return tuple((int(above * self.resident), int(most * self.resident)) for above, most in measured)
+
     def _wide_window(self, variant: str, local_x: bool) -> tuple[int, int]:
         """``wide_window`` on this GPU (the interpreter, which has no SMs: every call, where the wide
         twin takes many rows)."""
@@ -273,15 +293,18 @@ class TritonKernels:
                          local_x: bool = False):
         """One launch of ``m * split`` programs (a token's adjacent; ``local``: a local call, of x with
         ``local_x``): the cooperative form, by its capped twin past its resident clusters (and for
-        calls of x, ``local_x_capped_rows``); or a streaming form, by
-        its wide twin in ``wide_rows``' windows, else its held twin from ``held_rows`` rows, and the
-        parked or wide one with ``streamed`` by its hinted twin. The interpreter, which runs programs
+        calls of x, ``local_x_capped_rows``); or a streaming form, by its wide twin in ``wide_rows``'
+        windows, else its held twin from ``held_rows`` rows (calls of x also in
+        ``local_x_held_windows``), and the parked or wide one with ``streamed`` by its hinted twin.
+        The interpreter, which runs programs
         one after another, runs a cooperative form's normalize as a second launch, once every program
         has left its chunk root."""
         split = self._split(m, waits_for_twins, (variant, local_x) if local else None)
         fewest, most = self.wide_rows[variant, local_x]
         wide = (m <= fewest or m >= most) and f"{name}_wide" in self.plan
-        held = m >= self.held_rows and f"{name}_held" in self.plan
+        held = (m >= self.held_rows or local_x and any(above < m <= most for above, most in
+                                                       self.local_x_held_windows[variant]))
+        held = held and f"{name}_held" in self.plan
         form = "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
         name += form
         capped = m > self._resident_clusters(name) and (not local_x or m > self.local_x_capped_rows)

@@ -217,12 +217,13 @@ def test_latency_form_bound_and_residency():
 
 def _as_on_an_h200(hidden: int):
     """The Triton kernels of a group of one at ``hidden``, their bounds derived as on 132 SMs."""
-    kernels = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY,
-                             top_k=TOP_K).paths[0].kernels["triton"]
+    kernels = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
+                             quantize_layer_input=True).paths[0].kernels["triton"]
     kernels.resident = 132
     kernels.split_rows = kernels._split_rows()
     kernels.local_split_windows = {key: kernels._local_split_windows(*key) for key in kernels.local_split_windows}
     kernels.local_x_capped_rows = kernels._local_x_capped_rows()
+    kernels.local_x_held_windows = {v: kernels._local_x_held_windows(v) for v in kernels.local_x_held_windows}
     return kernels
 
 
@@ -307,6 +308,21 @@ def test_local_calls_of_many_rows_take_the_held_twins():
     assert "local_plain_held" not in kernels.plan
 
 
+def test_local_calls_of_x_take_the_held_twin_in_their_measured_window():
+    """On 132 SMs the local quant calls of x at H = 5120 take the held twin also while one wave of its
+    programs holds them (561-660 rows); the other widths and variants, and the finalize, only from
+    ``held_rows``."""
+    kernels = _as_on_an_h200(5120)
+    assert kernels.local_x_held_windows == {"plain": (), "quant": ((561, 660),), "residual": ()}
+    assert "local_quant_held" in kernels.plan and "local_finalize_quant_held" not in kernels.plan
+    launched = []
+    kernels._launch = lambda name, *args, **overrides: launched.append(name)
+    for m in (561, 562, 660, 661):
+        kernels._launch_consumer("local_quant", m, variant="quant", local=True, local_x=True)
+    assert launched == ["local_quant", "local_quant_held", "local_quant_held", "local_quant"]
+    assert all(not any(other.local_x_held_windows.values()) for other in (_as_on_an_h200(4096), _as_on_an_h200(7168)))
+
+
 def test_local_calls_take_the_wide_twins_outside_their_window():
     """Local streaming calls of at most ``wide_rows[variant, local_x][0]`` or at least ``[1]`` rows
     run the ``_wide`` twins where the plan has them: plain and finalize (chunks twice as wide); quant
@@ -332,7 +348,7 @@ def test_local_calls_take_the_wide_twins_outside_their_window():
 
 @pytest.mark.parametrize("hidden,variant,local_x,window", [
     (4096, "plain", True, (264, 396)), (4096, "quant", True, (264, 396)), (5120, "plain", True, (0, 528)),
-    (7168, "plain", True, (264, 528)), (7168, "quant", True, (132, 561)),
+    (7168, "plain", True, (264, 726)), (7168, "quant", True, (132, 561)),
     (4096, "plain", False, (264, 528)), (5120, "plain", False, (264, UNBOUNDED)), (1408, "plain", True, (264, 528))])
 def test_wide_windows_as_measured(hidden, variant, local_x, window):
     """On 132 SMs the local calls of x take the wide twins at the rows per SM measured for their row's
