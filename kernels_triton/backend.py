@@ -102,12 +102,14 @@ FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM = 4.25
 # 6.70), quant 9.53 / 9.83, 10.94 / 11.11; H = 5120 plain (three chunks of 2048, the last half
 # masked) M = 224 / 256 6.36 / 6.08, 6.27 / 6.38 and 6.33 / 6.21: no wide twin for few rows; H = 7168
 # quant's four-chunk twin (16 warps) while an SM holds one: M = 128 / 132 6.12 / 6.68, 6.76 / 7.01
-# against the capped cooperative form, and 6.15 / 6.74, but M = 160 10.66 / 8.88 (parked). H = 7168
-# plain from 5.5 rows per SM (one wave of 8 parked programs per SM is still faster), us parked /
-# wide, both hinted: M = 576 / 608 / 640 / 672 / 704 25.68 / 26.69, 26.78 / 29.61, 27.76 / 30.05
-# (27.84 / 29.92 in another run), 28.92 / 30.22, 29.63 / 30.35; M = 768 / 896 / 1024 / 1536 31.86 /
-# 31.17, 35.98 / 36.04, 39.52 / 40.15, 62.39 / 59.23.
-LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "plain"): (0, 4), (7, "plain"): (2, 5.5),
+# against the capped cooperative form, and 6.15 / 6.74, but M = 160 10.66 / 8.88 (parked). H = 5120
+# and 7168 plain from 5.5 rows per SM (one wave of 8 parked programs per SM is still faster), us
+# parked / wide, both hinted: H = 7168 M = 576 / 608 / 640 / 672 / 704 25.68 / 26.69, 26.78 / 29.61,
+# 27.76 / 30.05 (27.84 / 29.92 and 27.82 / 30.12 in two more runs), 28.92 / 30.22, 29.63 / 30.35; M =
+# 768 / 896 / 1024 / 1536 31.86 / 31.17, 35.98 / 36.04, 39.52 / 40.15, 62.39 / 59.23; H = 5120 M =
+# 576 / 640 / 704 17.86 / 19.18, 19.04 / 19.90 (19.05 / 19.87), 20.87 / 20.98; M = 768 / 1024 / 1536
+# 23.09 / 22.64 (22.58 / 22.34), 28.10 / 28.71, 43.18 / 42.49.
+LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "plain"): (0, 5.5), (7, "plain"): (2, 5.5),
                             (7, "quant"): (1, FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM)}
 
 # The local calls of x take the held twin, where the plan has one, also in these windows of rows per

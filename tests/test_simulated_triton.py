@@ -347,7 +347,7 @@ def test_local_calls_take_the_wide_twins_outside_their_window():
 
 
 @pytest.mark.parametrize("hidden,variant,local_x,window", [
-    (4096, "plain", True, (264, 396)), (4096, "quant", True, (264, 396)), (5120, "plain", True, (0, 528)),
+    (4096, "plain", True, (264, 396)), (4096, "quant", True, (264, 396)), (5120, "plain", True, (0, 726)),
     (7168, "plain", True, (264, 726)), (7168, "quant", True, (132, 561)),
     (4096, "plain", False, (264, 528)), (5120, "plain", False, (264, UNBOUNDED)), (1408, "plain", True, (264, 528))])
 def test_wide_windows_as_measured(hidden, variant, local_x, window):
