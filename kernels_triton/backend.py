@@ -298,15 +298,13 @@ class TritonKernels:
         calls of x, ``local_x_capped_rows``); or a streaming form, by its wide twin in ``wide_rows``'
         windows, else its held twin from ``held_rows`` rows (calls of x also in
         ``local_x_held_windows``), and the parked or wide one with ``streamed`` by its hinted twin.
-        The interpreter, which runs programs
-        one after another, runs a cooperative form's normalize as a second launch, once every program
-        has left its chunk root."""
+        The interpreter, which runs programs one after another, runs a cooperative form's normalize
+        as a second launch, once every program has left its chunk root."""
         split = self._split(m, waits_for_twins, (variant, local_x) if local else None)
         fewest, most = self.wide_rows[variant, local_x]
         wide = (m <= fewest or m >= most) and f"{name}_wide" in self.plan
-        held = (m >= self.held_rows or local_x and any(above < m <= most for above, most in
-                                                       self.local_x_held_windows[variant]))
-        held = held and f"{name}_held" in self.plan
+        in_held_window = local_x and any(lo < m <= hi for lo, hi in self.local_x_held_windows[variant])
+        held = (m >= self.held_rows or in_held_window) and f"{name}_held" in self.plan
         form = "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
         name += form
         capped = m > self._resident_clusters(name) and (not local_x or m > self.local_x_capped_rows)

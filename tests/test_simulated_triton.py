@@ -269,6 +269,13 @@ def test_calls_take_the_hints_from_the_measured_fraction_of_the_l2(hidden, varia
     assert streams_past_l2(variant, m, hidden, HC, 8, 60 << 20) == hinted
 
 
+def _chosen_kernels(kernels) -> list[str]:
+    """The names of the kernels ``kernels`` would launch from now on, in order; nothing runs."""
+    chosen = []
+    kernels._launch = lambda name, *args, **overrides: chosen.append(name)
+    return chosen
+
+
 def test_local_calls_take_the_hinted_twins_in_their_window():
     """Local calls of lo < M <= hi rows that move at least the L2's bytes run the streaming
     consumers' ``_streamed`` twins (x and finalize); smaller calls, calls outside the window and the
@@ -315,8 +322,7 @@ def test_local_calls_of_x_take_the_held_twin_in_their_measured_window():
     kernels = _as_on_an_h200(5120)
     assert kernels.local_x_held_windows == {"plain": (), "quant": ((561, 660),), "residual": ()}
     assert "local_quant_held" in kernels.plan and "local_finalize_quant_held" not in kernels.plan
-    launched = []
-    kernels._launch = lambda name, *args, **overrides: launched.append(name)
+    launched = _chosen_kernels(kernels)
     for m in (561, 562, 660, 661):
         kernels._launch_consumer("local_quant", m, variant="quant", local=True, local_x=True)
     assert launched == ["local_quant", "local_quant_held", "local_quant_held", "local_quant"]
@@ -379,8 +385,7 @@ def test_local_calls_of_x_take_the_capped_twin_as_measured(hidden, capped_rows, 
     the resident clusters); the finalize's from the resident clusters."""
     kernels = _as_on_an_h200(hidden)
     assert kernels.local_x_capped_rows == capped_rows
-    launched = []
-    kernels._launch = lambda name, *args, **overrides: launched.append(name)  # mix, then normalize
+    launched = _chosen_kernels(kernels)  # a cooperative call: mix, then normalize
     kernels._spreads["local_plain_split"] = (None, 0, (Spread(ctas_per_sm=8, clusters=100, shared_bytes=0),))
     kernels._spreads["local_finalize_plain_split"] = kernels._spreads["local_plain_split"]
     rows = (100, 101, most)  # 100 clusters resident; every call in a cooperative window
