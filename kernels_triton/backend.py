@@ -231,7 +231,11 @@ class TritonKernels:
             measured = None if most is None else ((0, most),)
         if measured is None or self.spec.split_rows is not None or self.resident is None:
             return ((0, self.split_rows),)
-        return tuple((int(above * self.resident), int(most * self.resident)) for above, most in measured)
+        return self._rows_of(measured)
+
+    def _rows_of(self, windows: tuple[tuple[float, float], ...]) -> tuple[tuple[int, int], ...]:
+        """Windows of rows per SM (above, at most) as windows of rows on this GPU."""
+        return tuple((int(above * self.resident), int(most * self.resident)) for above, most in windows)
 
     def _local_x_capped_rows(self) -> int:
         """``LOCAL_X_CAPPED_MIN_ROWS_PER_SM`` on this GPU (unmeasured widths, the interpreter and
@@ -243,10 +247,9 @@ class TritonKernels:
 
     def _local_x_held_windows(self, variant: str) -> tuple[tuple[int, int], ...]:
         """``LOCAL_X_HELD_ROWS_PER_SM`` on this GPU (none where unmeasured, or no SMs are known)."""
-        measured = LOCAL_X_HELD_ROWS_PER_SM.get((self.chunks, variant), ())
         if self.resident is None:
             return ()
-        return tuple((int(above * self.resident), int(most * self.resident)) for above, most in measured)
+        return self._rows_of(LOCAL_X_HELD_ROWS_PER_SM.get((self.chunks, variant), ()))
 
     def _wide_window(self, variant: str, local_x: bool) -> tuple[int, int]:
         """``wide_window`` on this GPU (the interpreter, which has no SMs: every call, where the wide
