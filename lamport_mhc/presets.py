@@ -66,7 +66,7 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
         routes={"plain": ((8192, "triton"),),
                 "finalize": ((8192, "triton"),),
-                "quant": ((8192, "triton"),)}),
+                "quant": ((1000, "triton"), (8192, "cute"),)}),
     ("hopper", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
         routes={"plain": ((8192, "triton"),),
@@ -74,8 +74,8 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
                 "quant": ((8192, "triton"),)}),
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((1, "cute"), (8192, "triton"),),
-                "finalize": ((4096, "triton"), (8192, "cute"),),
+        routes={"plain": ((8192, "triton"),),
+                "finalize": ((2048, "triton"), (8192, "cute"),),
                 "quant": ((8192, "triton"),)}),
     ("hopper", 2, 4096): Preset(
         bt_min_rows=4, bt_min_finalize_rows=32, backends=("cute", "triton"), source=H200_TP2,

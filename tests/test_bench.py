@@ -82,6 +82,21 @@ def test_merge_replaces_only_what_the_new_run_measured(tmp_path):
     assert "time budget" not in summary  # the second run measured H=5120 again
 
 
+def test_a_run_of_some_paths_keeps_the_main_runs_ceilings(tmp_path):
+    """A path timed in a process of its own and merged (tilekernels-tail, say) adds its ceilings
+    beside the main run's, whose ceilings the other rows' floors came from."""
+    main, merged = tmp_path / "main", tmp_path / "merged"
+    write_results(_run_rows(4096, 10.0), [], main, "h200", 2, Ceilings(700.0, 4000.0),
+                  SimpleNamespace(calls=50, replays=5, hidden=[4096], paths=None))
+    args = SimpleNamespace(calls=50, replays=5, hidden=[4096], paths=["tilekernels-tail"],
+                           merge=str(main / "h200_tp2.csv"))
+    write_results(_run_rows(4096, 30.0, paths=("tilekernels-tail",)), [], merged, "h200", 2, Ceilings(800.0, 4500.0),
+                  args, merge=args.merge)
+    texts = [n["text"] for n in json.loads((merged / "h200_tp2_notes.json").read_text())]
+    assert texts == ["ceilings for H=4096: peer 700 GB/s, device copy 4000 GB/s",
+                     "ceilings for H=4096 (tilekernels-tail): peer 800 GB/s, device copy 4500 GB/s"]
+
+
 def test_method_minimums_are_enforced():
     with pytest.raises(SystemExit):
         parse_args(["--calls", "10"])

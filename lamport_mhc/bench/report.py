@@ -102,6 +102,13 @@ def best_alternative(group: list[dict]) -> dict | None:
     return min(candidates, key=lambda r: r["us_median"]) if candidates else None
 
 
+def ceilings_subject(hidden: int, paths) -> str:
+    """The subject of a run's ceilings note: a run of some paths only (``--paths``, say one merged
+    from a process of its own) names them, so that it does not replace the main run's note, whose
+    ceilings the other rows' floors came from."""
+    return f"ceilings for H={hidden}" + (f" ({', '.join(paths)})" if paths else "")
+
+
 def _ceiling_text(ceilings: Ceilings) -> str:
     peer = ("no peers (a group of one)" if ceilings.peer_gbps is None
             else f"peer {ceilings.peer_gbps:.0f} GB/s")
@@ -112,7 +119,9 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
     """CSV, notes sidecar, plots and summary; with ``merge``, the earlier run's rows and notes are kept
     except those this run measured again (same hc, hidden, variant, M and path; same note subject).
     The speedup columns are taken over the merged rows."""
-    notes = [{"hidden": h, "text": f"ceilings for H={h}: {_ceiling_text(ceilings)}"} for h in args.hidden] + list(notes)
+    paths = getattr(args, "paths", None)
+    notes = [{"hidden": h, "text": f"{ceilings_subject(h, paths)}: {_ceiling_text(ceilings)}"}
+             for h in args.hidden] + list(notes)
     if merge:
         measured = {_row_key(r) for r in rows}
         measured_paths = {(r["hidden"], r.get("hc", HC), r["variant"], r["path"]) for r in rows}
