@@ -331,8 +331,8 @@ class TritonKernels:
             compiled = instance.fn.warmup(*args, grid=(1,), **instance.constexprs, **instance.options,
                                           launch_pdl=self.spec.use_pdl)
             self._compiled[name] = compiled
-            if instance.cluster > 1 or instance.parked_bytes:
-                set_launch_shape(compiled, instance.cluster, instance.parked_bytes)
+            if instance.cluster > 1:
+                set_launch_shape(compiled, instance.cluster, 0)
             if instance.cluster > 1 and instance.constexprs["LOCAL"]:  # spread measured at tp = 1 only
                 compiled._init_handles()
                 own_shared = compiled.packed_metadata[2]  # as set_launch_shape left it

@@ -12,10 +12,13 @@ power of two: every chunk is an aligned subtree of it, so each chunk's own tree,
 joined by the same tree (padded with +0 roots), give its bits; a taller tree only adds +0.0 at its
 root, which is exact for every sum of squares.
 - Streaming: between the two passes the prenormalized row (its bf16 bits: the contract rounds it
-  there anyway) is held in registers (``HOLD``) or parked: on the GPU in the CTA's shared memory
-  (``PARKED_BYTES``, past Triton's own), under the interpreter in ``layer_out``. Parked in
+  there anyway) is held in registers (``HOLD``) or parked: on the GPU in a shared array of the CTA
+  (``PARKED_BYTES``, ``ptx.parked_area``), under the interpreter in ``layer_out``. Parked in
   ``layer_out``, a row waited there long enough (one program takes a token's whole row) to be
-  written back to HBM and read again: 10% more HBM bytes for the finalize at H = 7168.
+  written back to HBM and read again: 10% more HBM bytes for the finalize at H = 7168. The local
+  parked forms keep each warp's part of each chunk's sum of squares in a table past the row
+  (``ROOTS_TABLE_BYTES``, ``ptx.table_part``), joined once the row is done; the others join them
+  across warps through Triton's own shared memory.
 - Cooperative: a program keeps its prenormalized chunk in registers and exchanges its chunk's sum
   of squares with the token's other programs, which are one cluster of CTAs
   (``plan.KernelInstance.cluster``): each warp stores its part (the root of its subtree) into every
@@ -49,6 +52,8 @@ Specialized by constexprs:
   otherwise they are spread over the program's threads. With it, the local cooperative form of x
   (the latency form) stores the mixed streams after the exchange in calls of few rows
   (``LATE_STORE_MAX_ROWS``).
+- ``ROOTS_TABLE_BYTES`` (the local parked forms): the bytes of the roots table past the parked row
+  (``plan.roots_table_bytes``; 0: none).
 Every step follows the bit contract of ``lamport_mhc.reference``; see DESIGN.md.
 """
 
@@ -98,7 +103,7 @@ def _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, re
                layer_out_ptr, HIDDEN: tl.constexpr, HC: tl.constexpr, BLOCK_HC: tl.constexpr,
                CHUNK: tl.constexpr, VARIANT: tl.constexpr, PARK: tl.constexpr, PARKED_BYTES: tl.constexpr,
                STREAMED: tl.constexpr, ON_GPU: tl.constexpr, PER_THREAD_WEIGHTS: tl.constexpr,
-               STORE_STREAMS: tl.constexpr):
+               STORE_STREAMS: tl.constexpr, area=None):
     """The first pass over one chunk (``reduced``: its fp32 values): post-mix the streams (and store
     them, if ``STORE_STREAMS``); then (with the norm) collapse and return the roots of the squares'
     tree's subtrees of a warp each (``subtree_roots``: the chunk's tree goes on across warps later),
@@ -136,7 +141,7 @@ def _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, re
             collapsed = ptx.fma_rn(stream, tl.broadcast_to(weight, (CHUNK,)), collapsed, ON_GPU)
         prenorm_bits = f32_to_bf16(collapsed, ON_GPU, ANY_NAN=True)  # not an output: the norm's is
         if PARK:
-            _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES)
+            _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES, area)
         prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
         roots = subtree_roots(tl.where(in_row, prenorm * prenorm, 0.0), CHUNK, PARTS)
     return roots, prenorm_bits, residual_out
@@ -156,20 +161,20 @@ def _store_streams(residual_out, token, h, in_row, streams, residual_out_ptr, HI
 
 
 @triton.jit
-def _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES: tl.constexpr):
-    """Park a prenormalized chunk for the second pass: in the CTA's shared memory where the plan
-    gives the row ``PARKED_BYTES`` there (``plan.KernelInstance.parked_bytes``), else in ``layer_out``."""
+def _park(prenorm_bits, token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES: tl.constexpr, area):
+    """Park a prenormalized chunk for the second pass: in the CTA's parking area (``ptx.parked_area``,
+    at ``area``) where the plan gives the row ``PARKED_BYTES`` there, else in ``layer_out``."""
     if PARKED_BYTES > 0:
-        ptx.store_shared_16b(2 * h - PARKED_BYTES, prenorm_bits)
+        ptx.store_area_16b(area + 2 * h, prenorm_bits)
     else:
         tl.store(layer_out_ptr + token * HIDDEN + h, prenorm_bits, mask=in_row)
 
 
 @triton.jit
-def _parked(token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES: tl.constexpr):
+def _parked(token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES: tl.constexpr, area):
     """The chunk ``_park`` left (behind a barrier: other threads of the program may have stored it)."""
     if PARKED_BYTES > 0:
-        return ptx.load_shared_16b(2 * h - PARKED_BYTES)
+        return ptx.load_area_16b(area + 2 * h)
     # Written by other threads of this program: read from L2, past this SM's L1.
     return tl.load(layer_out_ptr + token * HIDDEN + h, mask=in_row, other=0, cache_modifier=".cg")
 
@@ -267,13 +272,11 @@ def _exchanged_inverse_rms(parts, part, eps, HIDDEN: tl.constexpr, CHUNKS: tl.co
 
 
 @triton.jit
-def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                   HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROOTS: tl.constexpr,
-                   VARIANT: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
+                   HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, VARIANT: tl.constexpr,
+                   PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, PREFETCH: tl.constexpr, area):
     """The streaming form's second pass over the whole parked row, chunk by chunk (the other
     programs on the SM hide the latency; with ``PREFETCH`` the next chunk's gamma is in flight too)."""
-    inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
     c = tl.arange(0, CHUNK)
     if PREFETCH:
         next_gamma = tl.load(gamma_ptr + c, mask=c < HIDDEN, other=0)
@@ -288,9 +291,20 @@ def _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, valu
                 next_gamma = tl.load(gamma_ptr + CHUNK + h, mask=CHUNK + h < HIDDEN, other=0)
         else:
             gamma = tl.load(gamma_ptr + h, mask=in_row, other=0)
-        _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES), gamma, inv_rms, token,
+        _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES, area), gamma, inv_rms, token,
                          num_tokens, chunk, h, in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT,
                          ON_GPU)
+
+
+@triton.jit
+def _tabled_sum_of_squares(table, CHUNKS: tl.constexpr, ROOTS: tl.constexpr, PARTS: tl.constexpr):
+    """The row's sum of squares from its roots table at ``table`` (``ptx.table_part``, behind a CTA
+    barrier): the slots, [chunk][part], are the subtrees of the contract's tree in order, the chunks
+    past the row's +0 roots."""
+    SLOTS: tl.constexpr = CHUNKS * PARTS
+    slots = tl.arange(0, ROOTS * PARTS)
+    parts = ptx.load_area_f32(table + 4 * tl.minimum(slots, SLOTS - 1))
+    return pairwise_sum(tl.where(slots < SLOTS, parts, 0.0), ROOTS * PARTS)
 
 
 @triton.jit
@@ -359,7 +373,7 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb, pre, 
                 TP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr,
                 REDUCED: tl.constexpr, VARIANT: tl.constexpr, PUBLISH: tl.constexpr, LOCAL: tl.constexpr,
                 PARK: tl.constexpr, PARKED_BYTES: tl.constexpr, STREAMED: tl.constexpr, ON_GPU: tl.constexpr,
-                PER_THREAD_WEIGHTS: tl.constexpr, x=None, STORE_STREAMS: tl.constexpr = True):
+                PER_THREAD_WEIGHTS: tl.constexpr, x=None, STORE_STREAMS: tl.constexpr = True, area=None):
     """The first pass over chunk ``chunk`` of the token: its reduced row (the contribution itself, or
     the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``;
     ``x``: the contribution's bits, where loaded already (``_chunk_inputs``)."""
@@ -383,7 +397,7 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb, pre, 
             reduced = reduced + 0.0
     return _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, residual_out_ptr,
                       layer_out_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, VARIANT, PARK, PARKED_BYTES, STREAMED, ON_GPU,
-                      PER_THREAD_WEIGHTS, STORE_STREAMS)
+                      PER_THREAD_WEIGHTS, STORE_STREAMS, area)
 
 
 # Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
@@ -417,7 +431,7 @@ def consumer_kernel(
     SPLIT: tl.constexpr, HOLD: tl.constexpr, REDUCED: tl.constexpr, VARIANT: tl.constexpr,
     PUBLISH: tl.constexpr, LOCAL: tl.constexpr, PHASES: tl.constexpr, MULTICAST: tl.constexpr,
     STREAMED: tl.constexpr, PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr, PER_THREAD_WEIGHTS: tl.constexpr,
+    PREFETCH: tl.constexpr, PER_THREAD_WEIGHTS: tl.constexpr, ROOTS_TABLE_BYTES: tl.constexpr,
 ):
     tl.static_assert((SPLIT == 1) | (SPLIT == CHUNKS), "a token takes one program, or one per chunk")
     tl.static_assert(SPLIT <= ptx.MAX_CLUSTER, "a token's programs are one cluster")
@@ -453,6 +467,10 @@ def consumer_kernel(
     PARTS: tl.constexpr = CHUNK // 256  # a chunk's squares are summed in a part per warp (plan.row_warps)
     token_roots = parked_roots_ptr + token * CHUNKS
     mbarrier = None  # the local form's (ASYNC_EXCHANGE)
+    area = None  # where a streaming form parks its row (and keeps its roots table), on the GPU
+    if PARKED_BYTES > 0:
+        area = ptx.parked_area(PARKED_BYTES)
+        table = area + (PARKED_BYTES - ROOTS_TABLE_BYTES)
     if EXCHANGE:
         if ASYNC_EXCHANGE:
             mbarrier = ptx.cluster_arrive_expecting(CHUNKS * PARTS * 4)
@@ -534,8 +552,9 @@ def consumer_kernel(
                     # the held row spills.)
                     roots = tl.where(root_index == chunk, pairwise_sum(parts, PARTS), roots)
             else:
-                # Each chunk's subtrees of a warp, joined across warps once the row is done: the
-                # chunks' loop has no barrier, so the program's warps need not wait for each other.
+                # Each chunk's subtrees of a warp, joined across warps once the row is done (from the
+                # roots table, where the row parks in shared memory): the chunks' loop has no
+                # barrier, so the program's warps need not wait for each other.
                 part_roots = tl.zeros([PARTS, ROOTS], tl.float32)
                 if PREFETCH:
                     next_residual, next_x = _chunk_inputs(0, token, tile_rows, in_streams, residual_ptr, x_ptr,
@@ -551,9 +570,14 @@ def consumer_kernel(
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU,
-                        PER_THREAD_WEIGHTS, x)
-                    part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
-                roots = pairwise_columns(part_roots, PARTS, ROOTS)
+                        PER_THREAD_WEIGHTS, x, area=area)
+                    if ROOTS_TABLE_BYTES > 0:
+                        part_index = tl.arange(0, PARTS)
+                        ptx.table_part(parts, part_index, table + 4 * (chunk * PARTS + part_index))
+                    else:
+                        part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
+                if ROOTS_TABLE_BYTES == 0:
+                    roots = pairwise_columns(part_roots, PARTS, ROOTS)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
             if program == 0:
                 lamport.advance_generation(state_ptr, generation)
@@ -568,9 +592,14 @@ def consumer_kernel(
                                      num_tokens, chunk, h, h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
                                      CHUNK, VARIANT, ON_GPU)
             else:
-                tl.debug_barrier()  # the parked row, written by every thread, is read by every thread
-                _normalize_row(roots, token, num_tokens, eps, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
-                               HIDDEN, CHUNK, CHUNKS, ROOTS, VARIANT, PARKED_BYTES, ON_GPU, PREFETCH)
+                tl.debug_barrier()  # the parked row (and roots table), written by every thread, is read by every thread
+                if ROOTS_TABLE_BYTES > 0:
+                    total = _tabled_sum_of_squares(table, CHUNKS, ROOTS, PARTS)
+                else:
+                    total = pairwise_sum(roots, ROOTS)
+                _normalize_row(_inverse_rms_of(total, eps, HIDDEN), token, num_tokens, gamma_ptr, layer_out_ptr,
+                               values_ptr, scales_ptr, HIDDEN, CHUNK, CHUNKS, VARIANT, PARKED_BYTES, ON_GPU, PREFETCH,
+                               area)
 
     if NORMALIZE & COOPERATIVE:
         h = part * CHUNK + c

@@ -129,11 +129,11 @@ PER_THREAD_WEIGHTS_VARIANTS = ("plain", "quant")
 WIDE_MANY_ROWS_VARIANTS = ("plain",)
 
 
-# The streaming consumers that do not hold their row park it between the two passes in the CTA's
-# shared memory on the GPU (``ptx.store_shared_16b``), up to this many bytes a row (H = 16384),
+# The streaming consumers that do not hold their row park it between the two passes in a static
+# shared array of the CTA on the GPU (``ptx.parked_area``), up to this many bytes a row (H = 16384),
 # and otherwise in ``layer_out``, where it may be written back to HBM and read again before its
-# second pass (the interpreter always parks there). Within Triton's default 48 KB of dynamic
-# shared memory, so no launch needs the opt-in to more.
+# second pass (the interpreter always parks there). With the roots table, within the 48 KB of static
+# shared memory a CTA may declare.
 SHARED_PARK_MAX_BYTES = 32 * 1024
 
 
@@ -141,6 +141,14 @@ def parked_row_bytes(chunk: int, chunks: int, on_gpu: bool) -> int:
     """Shared-memory bytes a streaming consumer parks its row in (0: it parks in ``layer_out``)."""
     row_bytes = 2 * chunk * chunks
     return row_bytes if on_gpu and row_bytes <= SHARED_PARK_MAX_BYTES else 0
+
+
+def roots_table_bytes(chunks: int, chunk: int) -> int:
+    """Shared-memory bytes of the roots table (``ptx.table_part``) of a local streaming consumer that
+    parks its row there: an fp32 slot per chunk and warp, in whole 16-byte words (the row's stores
+    below it stay aligned). The mailbox consumers join their roots across warps as before, until the
+    table is measured with ranks at once."""
+    return -(-4 * chunks * row_warps(chunk) // 16) * 16
 
 
 def wide_tiles_row(hidden: int) -> bool:
@@ -214,7 +222,6 @@ class KernelInstance:
     num_warps: int
     max_registers: int | None = None  # per thread (ptxas's maxnreg); None: the compiler's choice
     cluster: int = 1     # CTAs per cluster of the GPU launch (a program per CTA, consecutive ranks)
-    parked_bytes: int = 0  # dynamic shared memory the launch adds to the compiled kernel's (the parked row)
 
     @property
     def options(self) -> dict:
@@ -274,6 +281,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                         latency_form = split > 1 and protocol == LOCAL and twin == "" and normalizes and of_x
                         parks = split == 1 and not hold and normalizes
                         parked_bytes = parked_row_bytes(form_chunk, form_chunks, on_gpu) if parks else 0
+                        table_bytes = roots_table_bytes(form_chunks, form_chunk) if parked_bytes and local_streaming else 0
                         parks_x = parks and local_streaming and of_x  # the parked streaming consumer of x
                         prefetch = parks_x and variant in PARKED_PREFETCH_VARIANTS
                         per_thread_weights = latency_form or (parks_x and variant in PER_THREAD_WEIGHTS_VARIANTS)
@@ -289,11 +297,12 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 ROOTS=_pow2_at_least(form_chunks), SPLIT=split, HOLD=hold, REDUCED=bt,
                                 VARIANT=VARIANT_CODES[variant], PUBLISH=publish.value, LOCAL=protocol == LOCAL,
                                 PHASES=ALL_PHASES.value, MULTICAST=multicast, STREAMED=streamed,
-                                PARKED_BYTES=parked_bytes, PREFETCH=prefetch, PER_THREAD_WEIGHTS=per_thread_weights),
+                                PARKED_BYTES=parked_bytes + table_bytes, PREFETCH=prefetch,
+                                PER_THREAD_WEIGHTS=per_thread_weights, ROOTS_TABLE_BYTES=table_bytes),
                                 CONSUMER_SIGNATURE, row_warps(form_chunk),
                                 held_registers(chunks) if hold else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming or twin == "_capped" else
                                 LOCAL_COOPERATIVE_MAX_REGISTERS if latency_form else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.
-                                split if split > 1 and normalizes else 1, parked_bytes)
+                                split if split > 1 and normalizes else 1)
     return plan

@@ -103,8 +103,8 @@ def e4m3_rn(v):
         "=r,r,r,r,r", args=[v], dtype=tl.uint8, is_pure=True, pack=4)
 
 
-# The streaming consumers park their prenormalized row at the end of the CTA's dynamic shared
-# memory: the launcher adds its bytes to what Triton's own code takes (at the start, from
+# The benchmark's looped strong tail parks its prenormalized row at the end of the CTA's dynamic
+# shared memory: the launcher adds its bytes to what Triton's own code takes (at the start, from
 # ``global_smem``), and the offsets here count back from the end (``%dynamic_smem_size``).
 _END_OF_SHARED = ("{ .reg .b32 a, b; mov.u32 a, %dynamic_smem_size; mov.u32 b, global_smem; add.u32 a, a, b; "
                   "add.u32 a, a, $4; ")
@@ -127,6 +127,63 @@ def load_shared_16b(offset_from_end):
     8. GPU only."""
     return tl.inline_asm_elementwise(LOAD_SHARED_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", args=[offset_from_end],
                                      dtype=tl.int16, is_pure=False, pack=8)
+
+
+# The local streaming consumers park in an area of their own: a static shared array declared once
+# (``parked_area``), addressed through the register it returns, so the area needs neither Triton's own
+# shared window (``global_smem``, declared only where Triton's code takes shared memory) nor bytes
+# added at launch. Past the row, the area holds the roots table: each chunk's part of the row's sum
+# of squares by warp (``[chunk][part]`` fp32 slots), stored by one lane of each warp as the chunk is
+# done (no barrier in the chunks' loop) and read back after the barrier before the second pass, where
+# the contract's tree joins it within a warp (the slots of a chunk are its subtrees, in order). The
+# tree of the [parts, roots] block across warps that it replaced took six CTA barriers a row.
+@triton.constexpr_function
+def _parked_area_asm(nbytes):
+    return f"{{ .shared .align 16 .b8 parked_area[{nbytes}]; mov.u32 $0, parked_area; }}"
+
+
+@triton.jit
+def parked_area(BYTES: tl.constexpr):
+    """The shared address of this CTA's parking area of BYTES bytes. Call it once a kernel: each call
+    declares an array of its own. GPU only."""
+    return tl.inline_asm_elementwise(_parked_area_asm(BYTES), "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def store_area_16b(address, bits):
+    """``store_shared_16b`` at the shared ``address`` of the first of 8 consecutive int16 ``bits``."""
+    tl.inline_asm_elementwise("st.shared.v4.b32 [$4], {$12, $13, $14, $15}; mov.b32 $0, 0; mov.b32 $1, 0; "
+                              "mov.b32 $2, 0; mov.b32 $3, 0;", "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r",
+                              args=[address, bits], dtype=tl.int16, is_pure=False, pack=8)
+
+
+@triton.jit
+def load_area_16b(address):
+    """The int16 values ``store_area_16b`` left at ``address``: one ``ld.shared.v4`` per 8."""
+    return tl.inline_asm_elementwise("ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,r,r,r,r,r,r,r",
+                                     args=[address], dtype=tl.int16, is_pure=False, pack=8)
+
+
+TABLE_PART_ASM = tl.constexpr(
+    "{ .reg .pred leader; .reg .b32 lane, holders, lowest; "
+    "mov.u32 lane, %laneid; match.any.sync.b32 holders, $2, 0xffffffff; brev.b32 holders, holders; "
+    "bfind.shiftamt.u32 lowest, holders; setp.eq.u32 leader, lane, lowest; "
+    "@leader st.shared.b32 [$3], $1; mov.b32 $0, 0; }")
+
+
+@triton.jit
+def table_part(value, part, address):
+    """Store each warp's fp32 part ``value`` (one per ``part``, a part per warp) at its shared
+    ``address``: one lane of the lanes that hold a part stores it. GPU only."""
+    tl.inline_asm_elementwise(TABLE_PART_ASM, "=r,r,r,r", args=[value, part, address], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def load_area_f32(address):
+    """The fp32 values ``table_part`` stored at ``address`` (behind a CTA barrier). GPU only."""
+    return tl.inline_asm_elementwise("ld.shared.b32 $0, [$1];", "=r,r", args=[address], dtype=tl.float32,
+                                     is_pure=False, pack=1)
 
 
 # A token's cooperative programs are one cluster of at most this many CTAs (the portable cluster size).

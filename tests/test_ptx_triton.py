@@ -221,11 +221,12 @@ def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
 
 def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
     """Every consumer that parks its prenormalized row between its passes (one program a token, the
-    row not held, not residual-only) stores it at the end of its dynamic shared memory and reads it
-    back there, 16 bytes at a time, and the plan has its launch add the row's bytes; no kernel reads
-    a parked row back from global memory, and no other kernel touches that part of shared memory."""
+    row not held, not residual-only) declares one parking area of its own (a static shared array of
+    the row's bytes, and for the local ones their roots table's past it) and stores the row there and
+    reads it back, 16 bytes at a time; the local ones leave each warp's part of a chunk's sum of
+    squares in the table and join it after the one CTA barrier before the second pass. No kernel
+    reads a parked row back from global memory, none adds shared memory at launch."""
     tp, hidden, ptx = chunked
-    chunk, chunks = plan.row_chunks(hidden)
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
     parking = []
     for name, text in ptx.items():
@@ -233,12 +234,23 @@ def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
         parks = constexprs.get("SPLIT") == 1 and not constexprs["HOLD"] and "_residual" not in name
         if parks:
             parking.append(name)
-        expected_bytes = 2 * constexprs.get("CHUNK", 0) * constexprs.get("CHUNKS", 0) if parks else 0
-        assert instances[name].parked_bytes == constexprs.get("PARKED_BYTES", 0) == expected_bytes, name
-        assert bool(_ops(text, r"st\.shared\.v4\.b32 \[a\]")) == parks, name
-        assert bool(_ops(text, r"ld\.shared\.v4\.b32 \{[^}]+\}, \[a\]")) == parks, name
-        assert ("%dynamic_smem_size" in text) == parks, name
+        chunks, warps = constexprs.get("CHUNKS", 0), plan.row_warps(constexprs.get("CHUNK", 0))
+        tabled = parks and constexprs["LOCAL"]
+        table_bytes = -(-4 * chunks * warps // 16) * 16 if tabled else 0
+        assert constexprs.get("ROOTS_TABLE_BYTES", 0) == table_bytes, name
+        area_bytes = 2 * constexprs.get("CHUNK", 0) * chunks + table_bytes if parks else 0
+        assert constexprs.get("PARKED_BYTES", 0) == area_bytes, name
+        areas = re.findall(r"\.shared \.align 16 \.b8 parked_area\[(\d+)\]", text)
+        assert areas == ([str(area_bytes)] if parks else []), name
+        assert bool(_ops(text, r"st\.shared\.v4\.b32 \[%r\d+\]")) == parks, name
+        assert bool(_ops(text, r"ld\.shared\.v4\.b32 \{[^}]+\}, \[%r\d+\]")) == parks, name
+        assert bool(_ops(text, r"match\.any\.sync\.b32")) == tabled or constexprs.get("SPLIT", 1) > 1, name
+        assert "%dynamic_smem_size" not in text, name
         assert not _ops(text, r"ld\.global\.cg"), name
+        # One barrier a row where the table fits a warp's lanes (H <= 8192; spread weights are
+        # gathered through barriers of their own).
+        if tabled and constexprs["PER_THREAD_WEIGHTS"] and constexprs["ROOTS"] * warps <= 32:
+            assert text.count("bar.sync") == 1, name
     assert parking, "every build has a streaming consumer that parks"
 
 
@@ -248,7 +260,7 @@ def test_rows_park_in_shared_memory_on_the_gpu_only_up_to_its_bound():
     assert plan.parked_row_bytes(1024, 17, on_gpu=True) == 0  # parked in layer_out
     assert plan.parked_row_bytes(1024, 7, on_gpu=False) == 0  # the interpreter parks in layer_out
     spec = BuildSpec(hidden=7168, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
-    assert all(instance.parked_bytes == instance.constexprs["PARKED_BYTES"] == 0
+    assert all(instance.constexprs["PARKED_BYTES"] == instance.constexprs["ROOTS_TABLE_BYTES"] == 0
                for instance in plan.kernel_plan(spec, on_gpu=False).values())
 
 
