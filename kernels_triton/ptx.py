@@ -129,14 +129,15 @@ def load_shared_16b(offset_from_end):
                                      dtype=tl.int16, is_pure=False, pack=8)
 
 
-# The local streaming consumers park in an area of their own: a static shared array declared once
-# (``parked_area``), addressed through the register it returns, so the area needs neither Triton's own
-# shared window (``global_smem``, declared only where Triton's code takes shared memory) nor bytes
-# added at launch. Past the row, the area holds the roots table: each chunk's part of the row's sum
-# of squares by warp (``[chunk][part]`` fp32 slots), stored by one lane of each warp as the chunk is
-# done (no barrier in the chunks' loop) and read back after the barrier before the second pass, where
-# the contract's tree joins it within a warp (the slots of a chunk are its subtrees, in order). The
-# tree of the [parts, roots] block across warps that it replaced took six CTA barriers a row.
+# The streaming consumers park their row in an area of their own: a static shared array declared
+# once (``parked_area``), addressed through the register it returns, so it needs neither Triton's
+# own shared window (``global_smem``, declared only where Triton's code takes shared memory) nor
+# bytes added at launch. In the local forms the area also holds, past the row, the roots table: each
+# chunk's part of the row's sum of squares by warp (``[chunk][part]`` fp32 slots), stored by one
+# lane of each warp as the chunk is done (no barrier in the chunks' loop) and read back after the
+# barrier before the second pass, where the contract's tree joins it within a warp (the slots of a
+# chunk are its subtrees, in order). The tree of the [parts, roots] block across warps that it
+# replaced took six CTA barriers a row.
 @triton.constexpr_function
 def _parked_area_asm(nbytes):
     return f"{{ .shared .align 16 .b8 parked_area[{nbytes}]; mov.u32 $0, parked_area; }}"
