@@ -552,9 +552,9 @@ def consumer_kernel(
                     # the held row spills.)
                     roots = tl.where(root_index == chunk, pairwise_sum(parts, PARTS), roots)
             else:
-                # Each chunk's subtrees of a warp, joined across warps once the row is done (from the
-                # roots table, where the row parks in shared memory): the chunks' loop has no
-                # barrier, so the program's warps need not wait for each other.
+                # Each chunk's subtrees of a warp, joined across warps once the row is done (the
+                # local forms through their roots table): the chunks' loop has no barrier, so the
+                # program's warps need not wait for each other.
                 part_roots = tl.zeros([PARTS, ROOTS], tl.float32)
                 if PREFETCH:
                     next_residual, next_x = _chunk_inputs(0, token, tile_rows, in_streams, residual_ptr, x_ptr,
