@@ -109,8 +109,10 @@ FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM = 4.25
 # 768 / 896 / 1024 / 1536 31.86 / 31.17, 35.98 / 36.04, 39.52 / 40.15, 62.39 / 59.23; H = 5120 M =
 # 576 / 640 / 704 17.86 / 19.18, 19.04 / 19.90 (19.05 / 19.87), 20.87 / 20.98; M = 768 / 1024 / 1536
 # 23.09 / 22.64 (22.58 / 22.34), 28.10 / 28.71, 43.18 / 42.49.
+# H = 7168 quant, a second wave of the four-chunk twin at 1.5-2 rows per SM (the cooperative form takes
+# the calls between 1 and 1.5): M = 256, two runs, 9.51 / 10.21 and 9.81 / 10.65 (parked).
 LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "plain"): (0, 5.5), (7, "plain"): (2, 5.5),
-                            (7, "quant"): (1, FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM)}
+                            (7, "quant"): (2, FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM)}
 
 # The local calls of x take the held twin, where the plan has one, also in these windows of rows per
 # SM (above, at most), by the row's chunks and variant: at H = 5120 quant while one wave of held
@@ -118,6 +120,31 @@ LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "pla
 # 640 18.45 / 21.05, 19.12 / 21.70, 19.52 / 22.81 (19.62 / 22.60 in another run); but M = 512 /
 # 672 16.92 / 14.62, 27.49 / 24.01.
 LOCAL_X_HELD_ROWS_PER_SM = {(5, "quant"): ((4.25, 5),)}
+
+# The local calls of x take the ``_broad`` twin (``plan.broad_chunk``) in these windows of rows per
+# SM (above, at most), by the row's chunks and variant, before any other form. One H200, tp = 1,
+# CUDA graphs, two runs, us broad / the form the calls took before (H = 7168 plain): M = 128 5.19 /
+# 5.34 (wide), 1536 57.4 / 59.4 (wide, hinted), 2048 74.8 / 76.9 (wide); but M = 160 / 192 / 256
+# 7.8 / 6.9 (cooperative), 7.9 / 7.5, 8.2-8.4 / 8.1 (wide), and 1000 / 1024 39.0 / 38.6, 39.7 / 39.4
+# (parked, hinted). At H = 4096 (one chunk of 4096) it lost at every M from 64 to 2048 (plain M = 128
+# 3.77-3.83 against 3.64, the wide twin hinted), as did the quant variant at 7168 (M = 128 6.10-6.28
+# against 5.91): neither has the twin.
+LOCAL_X_BROAD_ROWS_PER_SM = {(7, "plain"): ((0.85, 1.0), (11, 16))}
+
+# The local calls of x take the parked form in these windows of rows per SM (above, at most), by the
+# row's chunks and variant, where the wide twin's window would take them. One H200, tp = 1, two runs,
+# us parked / wide, both hinted at M = 1000 / 1024: H = 4096 plain 21.7 / 22.0, 22.3 / 22.8; H =
+# 5120 28.0 / 28.6 (the wide twin's last chunk half masked), 28.0 / 29.0; H = 7168 38.6 / 39.4,
+# 39.4 / 40.1. M = 2048 at H = 5120, unhinted: 54.0 / 56.3. But M = 1536 (hinted) H = 4096 35.7 /
+# 34.5 (33.8 unhinted), 5120 43.1 / 42.9, and M = 2048 at 4096 44.2 / 44.1.
+LOCAL_X_PARKED_ROWS_PER_SM = {(4, "plain"): ((7, 8),), (5, "plain"): ((7, 8), (12, 16)), (7, "plain"): ((7, 8),)}
+
+# The local calls of x that take the wide twin with at most this many rows per SM (its few-rows
+# window, by the row's chunks and variant) take its hinted twin, whatever their bytes. One H200,
+# tp = 1, two runs, us hinted / not: H = 4096 plain M = 128 / 192 / 256 3.64 / 3.71, 4.64 / 4.74,
+# 4.84 / 5.00, quant 4.14 / 4.21, 5.60 / 5.63, 5.64 / 5.64; H = 7168 quant M = 128 5.91 / 6.13, but
+# 256 9.91 / 9.60 and plain 256 8.7 / 8.1.
+LOCAL_X_HINTED_WIDE_ROWS_PER_SM = {(4, "plain"): 2, (4, "quant"): 2, (7, "quant"): 1}
 
 UNBOUNDED = 1 << 62  # more rows (or clusters) than any call has
 
@@ -187,7 +214,14 @@ class TritonKernels:
         # Local calls of at least this many rows take the held twins, where the plan has them (the
         # calls of x of each variant also in local_x_held_windows).
         self.held_rows = HELD_MIN_ROWS
-        self.local_x_held_windows = {variant: self._local_x_held_windows(variant) for variant in VARIANT_CODES}
+        self.local_x_held_windows = self._local_x_windows(LOCAL_X_HELD_ROWS_PER_SM)
+        # Local calls of x in these windows of rows take the ``_broad`` twin, where the plan has one,
+        # and in the parked ones the parked form where the wide twin's window would take them.
+        self.local_x_broad_windows = self._local_x_windows(LOCAL_X_BROAD_ROWS_PER_SM)
+        self.local_x_parked_windows = self._local_x_windows(LOCAL_X_PARKED_ROWS_PER_SM)
+        # Local calls of x of at most this many rows that take the wide twin take its hinted twin.
+        self.local_x_hinted_wide_rows = {variant: 0 if self.resident is None else int(
+            LOCAL_X_HINTED_WIDE_ROWS_PER_SM.get((self.chunks, variant), 0) * self.resident) for variant in VARIANT_CODES}
         # Local streaming calls of at most wide_rows[variant, local_x][0] or at least [1] rows take
         # the wide twins, where the plan has them (``local_x``: the calls of x, else the finalize's).
         self.wide_rows = {(variant, local_x): self._wide_window(variant, local_x)
@@ -245,11 +279,11 @@ class TritonKernels:
             return 0
         return UNBOUNDED if math.isinf(measured) else int(measured * self.resident)
 
-    def _local_x_held_windows(self, variant: str) -> tuple[tuple[int, int], ...]:
-        """``LOCAL_X_HELD_ROWS_PER_SM`` on this GPU (none where unmeasured, or no SMs are known)."""
-        if self.resident is None:
-            return ()
-        return self._rows_of(LOCAL_X_HELD_ROWS_PER_SM.get((self.chunks, variant), ()))
+    def _local_x_windows(self, table: dict) -> dict[str, tuple[tuple[int, int], ...]]:
+        """A table of windows of rows per SM by (chunks, variant) as each variant's windows of rows on
+        this GPU (none where unmeasured, or no SMs are known)."""
+        return {variant: () if self.resident is None else self._rows_of(table.get((self.chunks, variant), ()))
+                for variant in VARIANT_CODES}
 
     def _wide_window(self, variant: str, local_x: bool) -> tuple[int, int]:
         """``wide_window`` on this GPU (the interpreter, which has no SMs: every call, where the wide
@@ -300,20 +334,27 @@ class TritonKernels:
         ``local_x``): the cooperative form, by its capped twin past its resident clusters (and for
         calls of x, ``local_x_capped_rows``); or a streaming form, by its wide twin in ``wide_rows``'
         windows, else its held twin from ``held_rows`` rows (calls of x also in
-        ``local_x_held_windows``), and the parked or wide one with ``streamed`` by its hinted twin.
+        ``local_x_held_windows``); calls of x in ``local_x_broad_windows`` take the broad twin, and in
+        ``local_x_parked_windows`` no wide one; the parked, wide or broad form with ``streamed`` (the
+        wide one also in ``local_x_hinted_wide_rows``) takes its hinted twin.
         The interpreter, which runs programs one after another, runs a cooperative form's normalize
         as a second launch, once every program has left its chunk root."""
-        split = self._split(m, waits_for_twins, (variant, local_x) if local else None)
+        def in_window(windows):
+            return local_x and any(lo < m <= hi for lo, hi in windows[variant])
+
+        broad = in_window(self.local_x_broad_windows) and f"{name}_broad" in self.plan
+        split = 1 if broad else self._split(m, waits_for_twins, (variant, local_x) if local else None)
         fewest, most = self.wide_rows[variant, local_x]
-        wide = (m <= fewest or m >= most) and f"{name}_wide" in self.plan
-        in_held_window = local_x and any(lo < m <= hi for lo, hi in self.local_x_held_windows[variant])
-        held = (m >= self.held_rows or in_held_window) and f"{name}_held" in self.plan
-        form = "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
+        wide = ((m <= fewest or m >= most) and not in_window(self.local_x_parked_windows)
+                and f"{name}_wide" in self.plan)
+        held = (m >= self.held_rows or in_window(self.local_x_held_windows)) and f"{name}_held" in self.plan
+        form = "_broad" if broad else "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
         name += form
         capped = m > self._resident_clusters(name) and (not local_x or m > self.local_x_capped_rows)
         if form == "_split" and capped and f"{name}_capped" in self.plan:
             name += "_capped"
-        if streamed and form in ("", "_wide"):
+        hinted_wide = form == "_wide" and local_x and m <= self.local_x_hinted_wide_rows[variant]
+        if (streamed or hinted_wide) and form in ("", "_wide", "_broad"):
             name += "_streamed"
         if not self.interpret:
             if phases != "both":

@@ -180,6 +180,25 @@ def wide_chunk(hidden: int, variant: str, of_x: bool = True) -> int | None:
     return width if pieces >= 2 and pieces * width - hidden <= chunk else None
 
 
+# The local streaming consumers of x of these variants have a ``_broad`` twin (``broad_chunk``): the
+# parked form in chunks four times the row's (16 warps), its registers the compiler's choice (one
+# program an SM), for the calls ``backend.LOCAL_X_BROAD_ROWS_PER_SM`` gives it. (The quant variant's
+# four-chunk ``_wide`` twin is the same form at 64 registers.)
+BROAD_VARIANTS = ("plain",)
+
+
+def broad_chunk(hidden: int, variant: str) -> int | None:
+    """The chunk width of the ``_broad`` twin of the local streaming consumer of x (None: it has none):
+    four times the row's chunk where the row spans two or more of those and leaves at most one of
+    the row's chunks masked (H = 7168: 4096 + 3072; not 4096, one chunk; not 5120: 4096 + 1024)."""
+    chunk, chunks = row_chunks(hidden)
+    if variant not in BROAD_VARIANTS or chunks < 2:
+        return None
+    width = 4 * chunk
+    pieces = -(-hidden // width)
+    return width if pieces >= 2 and pieces * width - hidden <= chunk else None
+
+
 def four_chunk_wide(hidden: int, variant: str) -> bool:
     """Whether ``variant``'s wide twin (that of its consumer of x) walks chunks four times as wide."""
     return wide_chunk(hidden, variant) == 4 * row_chunks(hidden)[0]
@@ -195,16 +214,18 @@ def wide_takes_many_rows(hidden: int, variant: str, of_x: bool = True) -> bool:
 
 
 def _row_forms(may_hold: bool, wide: int | None, wide_takes_many: bool, chunk: int, chunks: int,
-               hidden: int) -> tuple[tuple, ...]:
+               hidden: int, broad: int | None = None) -> tuple[tuple, ...]:
     """(HOLD, CHUNK, CHUNKS, name suffix) of each form a streaming consumer is built in: parked; a
     ``_wide`` twin parked in chunks ``wide`` wide (more warps, the last chunk masked where they
     overhang the row); where it may hold the row, a ``_held`` twin, but where the wide twin takes
-    the calls of many rows."""
+    the calls of many rows; a ``_broad`` twin parked in chunks ``broad`` wide."""
     forms = [(False, chunk, chunks, "")]
     if may_hold and chunks <= HELD_MAX_CHUNKS and not wide_takes_many:
         forms.append((True, chunk, chunks, "_held"))
     if wide is not None:
         forms.append((False, wide, -(-hidden // wide), "_wide"))
+    if broad is not None:
+        forms.append((False, broad, -(-hidden // broad), "_broad"))
     return tuple(forms)
 
 
@@ -274,9 +295,10 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                             ((False, chunk, chunks, "_capped"),) if protocol == LOCAL and normalizes else ())
                     else:
                         wide = wide_chunk(spec.hidden, variant, of_x) if local_streaming and normalizes else None
+                        broad = broad_chunk(spec.hidden, variant) if local_streaming and of_x else None
                         forms = _row_forms(local_streaming and of_x and normalizes, wide,
                                            wide is not None and wide_takes_many_rows(spec.hidden, variant, of_x),
-                                           chunk, chunks, spec.hidden)
+                                           chunk, chunks, spec.hidden, broad)
                     for hold, form_chunk, form_chunks, twin in forms:
                         latency_form = split > 1 and protocol == LOCAL and twin == "" and normalizes and of_x
                         parks = split == 1 and not hold and normalizes
@@ -300,7 +322,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 PARKED_BYTES=parked_bytes + table_bytes, PREFETCH=prefetch,
                                 PER_THREAD_WEIGHTS=per_thread_weights, ROOTS_TABLE_BYTES=table_bytes),
                                 CONSUMER_SIGNATURE, row_warps(form_chunk),
-                                held_registers(chunks) if hold else
+                                held_registers(chunks) if hold else None if twin == "_broad" else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming or twin == "_capped" else
                                 LOCAL_COOPERATIVE_MAX_REGISTERS if latency_form else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.
