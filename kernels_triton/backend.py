@@ -200,6 +200,27 @@ class TritonKernels:
         properties = None if interpret else torch.cuda.get_device_properties(device)
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else properties.multi_processor_count
+        self.derive_bounds()
+        self.l2_bytes = None if interpret else properties.L2_cache_size
+        # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
+        # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
+        self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
+        self._ll_multicast = 0 if workspace.ll is None else workspace.ll.multicast
+        # Compiled cooperative local consumers, their own shared memory and the spreads their calls
+        # choose from (``spread``). A compiled kernel is shared by every build with the same
+        # constexprs, so each launch sets its own shared memory.
+        self._spreads: dict[str, tuple[object, int, tuple[Spread, ...]]] = {}
+        self._compiled: dict[str, object] = {}
+        # Called with (kernel name, programs) at every launch (the concurrent one-GPU group's residency check).
+        self.on_launch = None
+        if not interpret:
+            self._compile_all()
+            if spec.tp > 1:
+                pin_build(self)  # lamport_mhc.carveout: waiting kernels must not starve a peer's
+
+    def derive_bounds(self) -> None:
+        """The rows at which each call takes each form, from ``resident`` (None: no SMs are known, as
+        under the interpreter, where only the general bounds hold)."""
         self.split_rows = self._split_rows()
         # The local calls of each variant (``local_x``: of x, else the finalize's) take the
         # cooperative form in these windows of rows (calls with a mailbox: ``split_rows``).
@@ -226,22 +247,6 @@ class TritonKernels:
         # the wide twins, where the plan has them (``local_x``: the calls of x, else the finalize's).
         self.wide_rows = {(variant, local_x): self._wide_window(variant, local_x)
                           for variant in VARIANT_CODES for local_x in (True, False)}
-        self.l2_bytes = None if interpret else properties.L2_cache_size
-        # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
-        # the same scalar values as the warm-up, so no call specializes (and recompiles) a kernel.
-        self._ll_peers = self._unused[torch.int64] if workspace.ll is None else workspace.ll.peers
-        self._ll_multicast = 0 if workspace.ll is None else workspace.ll.multicast
-        # Compiled cooperative local consumers, their own shared memory and the spreads their calls
-        # choose from (``spread``). A compiled kernel is shared by every build with the same
-        # constexprs, so each launch sets its own shared memory.
-        self._spreads: dict[str, tuple[object, int, tuple[Spread, ...]]] = {}
-        self._compiled: dict[str, object] = {}
-        # Called with (kernel name, programs) at every launch (the concurrent one-GPU group's residency check).
-        self.on_launch = None
-        if not interpret:
-            self._compile_all()
-            if spec.tp > 1:
-                pin_build(self)  # lamport_mhc.carveout: waiting kernels must not starve a peer's
 
     def _split_rows(self) -> int:
         """Calls of at most this many rows take the cooperative form (a program per chunk of a token):
@@ -286,9 +291,9 @@ class TritonKernels:
                 for variant in VARIANT_CODES}
 
     def _wide_window(self, variant: str, local_x: bool) -> tuple[int, int]:
-        """``wide_window`` on this GPU (the interpreter, which has no SMs: every call, where the wide
-        twin takes many rows)."""
-        if self.interpret:
+        """``wide_window`` on this GPU (no SMs known, as under the interpreter: every call, where the
+        wide twin takes many rows)."""
+        if self.resident is None:
             return 0, 0 if wide_takes_many_rows(self.spec.hidden, variant, local_x) else UNBOUNDED
         return wide_window(self.spec.hidden, variant, local_x, self.resident)
 

@@ -136,7 +136,7 @@ def test_no_pdl_build_has_no_griddepcontrol():
 
 
 # Name suffixes of a consumer's twins (plan.kernel_plan).
-TWINS = ("_split", "_capped", "_streamed", "_held", "_wide")
+TWINS = ("_split", "_capped", "_streamed", "_held", "_wide", "_broad")
 
 
 def _chunked_spec(tp: int, hidden: int) -> BuildSpec:
@@ -177,7 +177,8 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
                          for twin in ("", "_streamed")} | (
             {f"local{f}_plain_split{twin}" for f in ("", "_finalize") for twin in ("", "_capped")}
             if cooperative else set()) | (
-            {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS and not wide_takes_many else set())
+            {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS and not wide_takes_many else set()) | (
+            {"local_plain_broad", "local_plain_broad_streamed"} if plan.broad_chunk(hidden, "plain") else set())
 
 
 def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
@@ -267,12 +268,12 @@ def test_rows_park_in_shared_memory_on_the_gpu_only_up_to_its_bound():
 
 @pytest.mark.parametrize("hidden", [4096, 5120, 7168])
 def test_only_parked_consumers_of_x_of_the_prefetching_variants_prefetch(hidden):
-    """The parked streaming consumers of x and their wide twins (hinted or not), of the prefetching
+    """The parked streaming consumers of x and their wide and broad twins (hinted or not), of the prefetching
     variants; each also holds every mix weight in every thread. Nothing else prefetches."""
     spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
     instances = plan.kernel_plan(spec)
     prefetching = {name for name, instance in instances.items() if instance.constexprs.get("PREFETCH")}
-    assert prefetching == {name for variant in plan.PARKED_PREFETCH_VARIANTS for form in ("", "_wide")
+    assert prefetching == {name for variant in plan.PARKED_PREFETCH_VARIANTS for form in ("", "_wide", "_broad")
                            for twin in ("", "_streamed") if (name := f"local_{variant}{form}{twin}") in instances}
     assert {"local_plain", "local_plain_wide", "local_quant"} <= prefetching
     assert all(instances[name].constexprs["PER_THREAD_WEIGHTS"] for name in prefetching)
@@ -330,9 +331,10 @@ def test_quant_converts_with_flashinfers_instruction(build):
 
 
 def test_only_local_streaming_consumers_cap_registers(chunked):
-    """Parking the row: 64 registers; the held twin of the consumer of x (rows of up to seven chunks
-    whose calls of many rows the wide twin does not take): 64 for rows of up to four chunks, else 96; the capped twin of
-    a local cooperative form: 64. The held twins hold and nothing else does."""
+    """Parking the row: 64 registers, but the broad twin (the compiler's choice); the held twin of the
+    consumer of x (rows of up to seven chunks whose calls of many rows the wide twin does not take):
+    64 for rows of up to four chunks, else 96; the capped twin of a local cooperative form: 64. The
+    held twins hold and nothing else does."""
     tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
@@ -345,8 +347,10 @@ def test_only_local_streaming_consumers_cap_registers(chunked):
         assert instances[name].constexprs.get("HOLD", False) == held_twin, name
         if name.endswith("_capped"):
             assert tp == 1 and name.startswith("local") and "_split" in name, name
-        assert (".maxnreg 64" in text) == ((streaming and not (held_twin and not narrow))
+        assert (".maxnreg 64" in text) == ((streaming and not (held_twin and not narrow) and "_broad" not in name)
                                           or name.endswith("_capped")), name
+        if "_broad" in name:
+            assert ".maxnreg" not in text, name
         assert (".maxnreg 96" in text) == (held_twin and not narrow), name
 
 
@@ -376,6 +380,24 @@ def test_wide_twins_walk_the_row_in_chunks_twice_as_wide(chunked):
             assert quant[name].constexprs["CHUNK"] == 4 * chunk and quant[name].num_warps == 16
             assert quant[name].constexprs["CHUNKS"] == 2 and quant[name].max_registers == 64, name
         assert "local_quant_held" not in quant and "local_plain_held" not in quant
+
+
+def test_broad_twins_walk_the_row_in_chunks_four_times_as_wide():
+    """The local consumer of x of the plain variant has a ``_broad`` twin (and its hinted one) where
+    chunks four times the row's span two or more of them with at most one row chunk masked: 16 warps,
+    parked, prefetching, the registers the compiler's choice."""
+    assert [plan.broad_chunk(h, "plain") for h in (1408, 4096, 5120, 7168, 8192, 9216, 11264)] == [
+        None, None, None, 4096, 4096, None, 4096]
+    assert plan.broad_chunk(7168, "quant") is None and plan.broad_chunk(7168, "residual") is None
+    instances = plan.kernel_plan(BuildSpec(hidden=7168, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True))
+    broad = {name for name in instances if "_broad" in name}
+    assert broad == {"local_plain_broad", "local_plain_broad_streamed"}
+    for name in broad:
+        instance = instances[name]
+        assert instance.num_warps == 16 and instance.max_registers is None, name
+        assert (instance.constexprs["CHUNK"], instance.constexprs["CHUNKS"]) == (4096, 2), name
+        assert instance.constexprs["PARKED_BYTES"] == 2 * 8192 + plan.roots_table_bytes(2, 4096), name
+        assert instance.constexprs["STREAMED"] == name.endswith("_streamed"), name
 
 
 def test_four_chunk_wide_twins_leave_at_most_one_chunk_masked():

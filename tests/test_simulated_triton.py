@@ -220,10 +220,7 @@ def _as_on_an_h200(hidden: int):
     kernels = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                              quantize_layer_input=True).paths[0].kernels["triton"]
     kernels.resident = 132
-    kernels.split_rows = kernels._split_rows()
-    kernels.local_split_windows = {key: kernels._local_split_windows(*key) for key in kernels.local_split_windows}
-    kernels.local_x_capped_rows = kernels._local_x_capped_rows()
-    kernels.local_x_held_windows = {v: kernels._local_x_held_windows(v) for v in kernels.local_x_held_windows}
+    kernels.derive_bounds()
     return kernels
 
 
@@ -354,13 +351,59 @@ def test_local_calls_take_the_wide_twins_outside_their_window():
 
 @pytest.mark.parametrize("hidden,variant,local_x,window", [
     (4096, "plain", True, (264, 396)), (4096, "quant", True, (264, 396)), (5120, "plain", True, (0, 726)),
-    (7168, "plain", True, (264, 726)), (7168, "quant", True, (132, 561)),
+    (7168, "plain", True, (264, 726)), (7168, "quant", True, (264, 561)),
     (4096, "plain", False, (264, 528)), (5120, "plain", False, (264, UNBOUNDED)), (1408, "plain", True, (264, 528))])
 def test_wide_windows_as_measured(hidden, variant, local_x, window):
     """On 132 SMs the local calls of x take the wide twins at the rows per SM measured for their row's
     chunks and variant (the four-chunk twin of H = 7168 quant also while an SM holds one); the
     finalize and unmeasured widths at the general bounds (many rows only where the wide twin takes them)."""
     assert wide_window(hidden, variant, local_x, 132) == window
+
+
+@pytest.mark.parametrize("hidden,variant,rows", [
+    # H = 7168 plain: broad at about one row per SM and from 1452 rows, parked at 7-8 rows per SM.
+    (7168, "plain", {100: "local_plain_split", 112: "local_plain_wide", 113: "local_plain_broad",
+                     132: "local_plain_broad", 133: "local_plain_split", 256: "local_plain_wide", 512: "local_plain",
+                     924: "local_plain_wide", 925: "local_plain", 1056: "local_plain", 1057: "local_plain_wide",
+                     1453: "local_plain_broad", 2112: "local_plain_broad", 2113: "local_plain_wide"}),
+    # the wide twin's few rows hinted (H = 4096 up to 2 rows per SM, 7168 quant up to 1).
+    (4096, "plain", {128: "local_plain_wide_streamed", 264: "local_plain_wide_streamed", 300: "local_plain",
+                     400: "local_plain_wide", 1000: "local_plain", 1100: "local_plain_wide"}),
+    (4096, "quant", {128: "local_quant_wide_streamed", 400: "local_quant_wide", 1000: "local_quant_wide"}),
+    (7168, "quant", {128: "local_quant_wide_streamed", 132: "local_quant_wide_streamed", 256: "local_quant_wide",
+                     300: "local_quant"}),
+    (5120, "plain", {256: "local_plain", 1000: "local_plain", 1536: "local_plain_wide", 2048: "local_plain",
+                     4096: "local_plain_wide"}),
+])
+def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, variant, rows):
+    """On 132 SMs (unhinted calls): the broad twin in ``LOCAL_X_BROAD_ROWS_PER_SM`` before any other
+    form, the parked form in ``LOCAL_X_PARKED_ROWS_PER_SM`` where the wide twin's window would take
+    the call, and the wide twin's hinted twin in its few rows (``LOCAL_X_HINTED_WIDE_ROWS_PER_SM``).
+    The finalize takes none of these windows."""
+    kernels = _as_on_an_h200(hidden)
+    launched = _chosen_kernels(kernels)
+    chosen = {}
+    for m in rows:
+        kernels._launch_consumer(f"local_{variant}", m, variant=variant, local=True, local_x=True)
+        chosen[m] = launched[-1]  # (the interpreter runs a cooperative call as two launches)
+    assert chosen == rows
+    finalize = _chosen_kernels(kernels)
+    kernels._launch_consumer(f"local_finalize_{variant}", 128, variant=variant, local=True)
+    assert "_broad" not in finalize[0] and "_streamed" not in finalize[0]
+
+
+def test_the_broad_twin_of_x_gives_the_references_bits():
+    """H = 7168 plain under the interpreter, the broad twin forced (chunks of 4096, the second masked
+    past 3072), hinted or not: the bits are the reference's."""
+    group = SimulatedGroup(1, hidden_size=7168, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=0)
+    kernels = group.paths[0].kernels["triton"]
+    assert kernels.local_x_broad_windows == {"plain": (), "quant": (), "residual": ()}  # no SMs: never
+    kernels.local_x_broad_windows = {variant: ((0, CAPACITY),) for variant in kernels.local_x_broad_windows}
+    launched = _recording_launches(kernels)
+    check_simulated(group, random_inputs(1, 3, 7168, HC, seed=3, top_k=TOP_K), "plain", EPS)
+    kernels.streamed_rows, kernels.l2_bytes = (0, CAPACITY), 1
+    check_simulated(group, random_inputs(1, 2, 7168, HC, seed=2, top_k=TOP_K), "plain", EPS)
+    assert launched == ["local_plain_broad", "local_plain_broad_streamed"]
 
 
 def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():

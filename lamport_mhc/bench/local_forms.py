@@ -1,0 +1,59 @@
+"""Forcing the Triton backend's local forms, one at a time, for measuring where each is fastest.
+
+The windows of rows that send a local call to the cooperative, parked, wide, held or broad form
+(``kernels_triton.backend``: ``LOCAL_X_*_ROWS_PER_SM``) are measured by timing every form at the
+same rows in one run; ``bench/local_forms.py`` does so on a GPU, against the strong tail's forms.
+``FormForcer`` sets a build's windows so that every local call takes one form (where its plan has
+it; otherwise the calls keep the form they would take), hinted or not, and puts the measured
+windows back.
+"""
+
+from __future__ import annotations
+
+from kernels_triton.backend import UNBOUNDED
+
+# Form -> which windows hold every call (True), none (False), or stay as derived (absent).
+FORMS = {
+    "cooperative": dict(split=True, broad=False),
+    "parked": dict(split=False, wide=False, held=False, broad=False),
+    "wide": dict(split=False, wide=True, held=False, broad=False),
+    "held": dict(split=False, wide=False, held=True, broad=False),
+    "broad": dict(broad=True),
+}
+
+
+class FormForcer:
+    """Forces the local forms of one ``TritonKernels`` (``force``); ``reset`` derives its windows
+    again (``derive_bounds``) and gives back its L2 size."""
+
+    def __init__(self, kernels):
+        self.kernels = kernels
+        self.l2_bytes = kernels.l2_bytes
+
+    def reset(self) -> None:
+        self.kernels.derive_bounds()
+        self.kernels.l2_bytes = self.l2_bytes
+
+    def force(self, form: str, hinted: bool | None = None) -> None:
+        """Every local call takes ``form`` (``FORMS``) where the plan has it; ``hinted``: with the
+        cache hints (True), without (False), or as the call's traffic decides (None)."""
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {sorted(FORMS)}, got {form!r}")
+        self.reset()
+        k, windows = self.kernels, FORMS[form]
+        every, nothing = ((0, UNBOUNDED),), ()
+        if "split" in windows:
+            k.local_split_windows = {key: every if windows["split"] else nothing for key in k.local_split_windows}
+        if "wide" in windows:  # (at most, at least): every call, or none
+            k.wide_rows = {key: (UNBOUNDED, UNBOUNDED) if windows["wide"] else (-1, UNBOUNDED) for key in k.wide_rows}
+            k.local_x_parked_windows = {variant: nothing for variant in k.local_x_parked_windows}
+        if "held" in windows:
+            k.held_rows = 0 if windows["held"] else UNBOUNDED
+            k.local_x_held_windows = {variant: nothing for variant in k.local_x_held_windows}
+        if "broad" in windows:
+            k.local_x_broad_windows = {variant: every if windows["broad"] else nothing
+                                       for variant in k.local_x_broad_windows}
+        if hinted is not None:
+            k.local_x_hinted_wide_rows = {variant: 0 for variant in k.local_x_hinted_wide_rows}
+            # Every call moves at least 0 bytes of an L2 of 0; none is in an empty window.
+            k.streamed_rows, k.l2_bytes = ((0, UNBOUNDED), 0) if hinted else ((0, 0), self.l2_bytes)

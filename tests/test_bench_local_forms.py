@@ -1,0 +1,66 @@
+"""The form forcer of ``bench/local_forms.py`` on the simulated group's Triton kernels: every form
+it forces is the one the call launches, where the plan has it, and ``reset`` puts the measured
+windows back."""
+
+import pytest
+
+from lamport_mhc import SimulatedGroup
+from lamport_mhc.bench.local_forms import FORMS, FormForcer
+
+HC, TOP_K = 4, 6
+
+
+def _kernels(hidden):
+    group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=64, top_k=TOP_K,
+                           quantize_layer_input=True)
+    kernels = group.paths[0].kernels["triton"]
+    kernels.resident = 132  # windows as on an H200
+    kernels.derive_bounds()
+    return kernels
+
+
+def _chosen(kernels, variant, m, local_x=True):
+    launched = []
+    kernels._launch = lambda name, *args, **overrides: launched.append(name)
+    prefix = "local" if local_x else "local_finalize"
+    kernels._launch_consumer(f"{prefix}_{variant}", m, variant=variant, local=True, local_x=local_x,
+                             streamed=kernels._streamed(_Call(variant, m)))
+    return launched[-1]
+
+
+class _Call:
+    def __init__(self, variant, m):
+        self.variant, self.m = variant, m
+
+
+@pytest.mark.parametrize("form,hinted,plain,quant", [
+    ("cooperative", None, "local_plain_split", "local_quant_split"),
+    ("parked", False, "local_plain", "local_quant"),
+    ("parked", True, "local_plain_streamed", "local_quant_streamed"),
+    ("wide", False, "local_plain_wide", "local_quant_wide"),
+    ("wide", True, "local_plain_wide_streamed", "local_quant_wide_streamed"),
+    ("held", False, "local_plain", "local_quant"),  # no held twin at 7168 (the wide one takes many rows): parked
+    ("broad", False, "local_plain_broad", "local_quant_wide"),  # no quant broad twin
+    ("broad", True, "local_plain_broad_streamed", "local_quant_wide_streamed"),
+])
+def test_forced_forms_are_launched_where_the_plan_has_them(form, hinted, plain, quant):
+    kernels = _kernels(7168)
+    forcer = FormForcer(kernels)
+    measured = dict(kernels.local_split_windows), dict(kernels.wide_rows), dict(kernels.local_x_broad_windows)
+    forcer.force(form, hinted)
+    assert _chosen(kernels, "plain", 200) == plain and _chosen(kernels, "quant", 200) == quant
+    forcer.reset()
+    assert (dict(kernels.local_split_windows), dict(kernels.wide_rows), dict(kernels.local_x_broad_windows)) == measured
+    assert kernels.l2_bytes is None and _chosen(kernels, "plain", 200) == "local_plain_wide"
+
+
+def test_the_held_twin_where_the_plan_has_one():
+    kernels = _kernels(5120)  # quant: no wide twin, a held one
+    FormForcer(kernels).force("held", False)
+    assert _chosen(kernels, "quant", 200) == "local_quant_held" and _chosen(kernels, "plain", 200) == "local_plain"
+
+
+def test_an_unknown_form_is_refused():
+    with pytest.raises(ValueError, match="form must be one of"):
+        FormForcer(_kernels(4096)).force("looped")
+    assert set(FORMS) == {"cooperative", "parked", "wide", "held", "broad"}
