@@ -128,7 +128,8 @@ LOCAL_X_HELD_ROWS_PER_SM = {(5, "quant"): ((4.25, 5),)}
 # 7.8 / 6.9 (cooperative), 7.9 / 7.5, 8.2-8.4 / 8.1 (wide), and 1000 / 1024 39.0 / 38.6, 39.7 / 39.4
 # (parked, hinted). At H = 4096 (one chunk of 4096) it lost at every M from 64 to 2048 (plain M = 128
 # 3.77-3.83 against 3.64, the wide twin hinted), as did the quant variant at 7168 (M = 128 6.10-6.28
-# against 5.91): neither has the twin.
+# against 5.91): neither has the twin. With the cache hints it lost: M = 1536 58.4 / 58.6 against
+# 57.4 / 57.4 unhinted, 2048 78.2 / 78.6 against 74.6 / 75.0; it has no hinted twin.
 LOCAL_X_BROAD_ROWS_PER_SM = {(7, "plain"): ((0.85, 1.0), (11, 16))}
 
 # The local calls of x take the parked form in these windows of rows per SM (above, at most), by the
@@ -340,8 +341,8 @@ class TritonKernels:
         calls of x, ``local_x_capped_rows``); or a streaming form, by its wide twin in ``wide_rows``'
         windows, else its held twin from ``held_rows`` rows (calls of x also in
         ``local_x_held_windows``); calls of x in ``local_x_broad_windows`` take the broad twin, and in
-        ``local_x_parked_windows`` no wide one; the parked, wide or broad form with ``streamed`` (the
-        wide one also in ``local_x_hinted_wide_rows``) takes its hinted twin.
+        ``local_x_parked_windows`` no wide one; the parked or wide form with ``streamed`` (the wide one
+        also in ``local_x_hinted_wide_rows``) takes its hinted twin.
         The interpreter, which runs programs one after another, runs a cooperative form's normalize
         as a second launch, once every program has left its chunk root."""
         def in_window(windows):
@@ -359,7 +360,7 @@ class TritonKernels:
         if form == "_split" and capped and f"{name}_capped" in self.plan:
             name += "_capped"
         hinted_wide = form == "_wide" and local_x and m <= self.local_x_hinted_wide_rows[variant]
-        if (streamed or hinted_wide) and form in ("", "_wide", "_broad"):
+        if (streamed or hinted_wide) and form in ("", "_wide"):
             name += "_streamed"
         if not self.interpret:
             if phases != "both":

@@ -182,8 +182,8 @@ def wide_chunk(hidden: int, variant: str, of_x: bool = True) -> int | None:
 
 # The local streaming consumers of x of these variants have a ``_broad`` twin (``broad_chunk``): the
 # parked form in chunks four times the row's (16 warps), its registers the compiler's choice (one
-# program an SM), for the calls ``backend.LOCAL_X_BROAD_ROWS_PER_SM`` gives it. (The quant variant's
-# four-chunk ``_wide`` twin is the same form at 64 registers.)
+# program an SM), without cache hints, for the calls ``backend.LOCAL_X_BROAD_ROWS_PER_SM`` gives it.
+# (The quant variant's four-chunk ``_wide`` twin is the same form at 64 registers.)
 BROAD_VARIANTS = ("plain",)
 
 
@@ -307,8 +307,9 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                         parks_x = parks and local_streaming and of_x  # the parked streaming consumer of x
                         prefetch = parks_x and variant in PARKED_PREFETCH_VARIANTS
                         per_thread_weights = latency_form or (parks_x and variant in PER_THREAD_WEIGHTS_VARIANTS)
-                        # The held twin runs from HELD_MIN_ROWS rows, past the hinted window.
-                        for streamed in (False, True) if local_streaming and twin != "_held" else (False,):
+                        # The held twin runs from HELD_MIN_ROWS rows, past the hinted window; the broad
+                        # twin lost with hints (backend.LOCAL_X_BROAD_ROWS_PER_SM).
+                        for streamed in (False, True) if local_streaming and twin not in ("_held", "_broad") else (False,):
                             name = (f"{prefix}_{variant}" + ("_split" if split > 1 else "") + twin
                                     + ("_streamed" if streamed else ""))
                             # Only a one-kernel form publishes, so only it depends on the rank.

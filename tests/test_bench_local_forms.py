@@ -41,7 +41,7 @@ class _Call:
     ("wide", True, "local_plain_wide_streamed", "local_quant_wide_streamed"),
     ("held", False, "local_plain", "local_quant"),  # no held twin at 7168 (the wide one takes many rows): parked
     ("broad", False, "local_plain_broad", "local_quant_wide"),  # no quant broad twin
-    ("broad", True, "local_plain_broad_streamed", "local_quant_wide_streamed"),
+    ("broad", True, "local_plain_broad", "local_quant_wide_streamed"),  # the broad twin has no hinted one
 ])
 def test_forced_forms_are_launched_where_the_plan_has_them(form, hinted, plain, quant):
     kernels = _kernels(7168)

@@ -178,7 +178,7 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
             {f"local{f}_plain_split{twin}" for f in ("", "_finalize") for twin in ("", "_capped")}
             if cooperative else set()) | (
             {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS and not wide_takes_many else set()) | (
-            {"local_plain_broad", "local_plain_broad_streamed"} if plan.broad_chunk(hidden, "plain") else set())
+            {"local_plain_broad"} if plan.broad_chunk(hidden, "plain") else set())
 
 
 def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
@@ -383,7 +383,7 @@ def test_wide_twins_walk_the_row_in_chunks_twice_as_wide(chunked):
 
 
 def test_broad_twins_walk_the_row_in_chunks_four_times_as_wide():
-    """The local consumer of x of the plain variant has a ``_broad`` twin (and its hinted one) where
+    """The local consumer of x of the plain variant has a ``_broad`` twin (no hinted one) where
     chunks four times the row's span two or more of them with at most one row chunk masked: 16 warps,
     parked, prefetching, the registers the compiler's choice."""
     assert [plan.broad_chunk(h, "plain") for h in (1408, 4096, 5120, 7168, 8192, 9216, 11264)] == [
@@ -391,13 +391,13 @@ def test_broad_twins_walk_the_row_in_chunks_four_times_as_wide():
     assert plan.broad_chunk(7168, "quant") is None and plan.broad_chunk(7168, "residual") is None
     instances = plan.kernel_plan(BuildSpec(hidden=7168, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True))
     broad = {name for name in instances if "_broad" in name}
-    assert broad == {"local_plain_broad", "local_plain_broad_streamed"}
+    assert broad == {"local_plain_broad"}
     for name in broad:
         instance = instances[name]
         assert instance.num_warps == 16 and instance.max_registers is None, name
         assert (instance.constexprs["CHUNK"], instance.constexprs["CHUNKS"]) == (4096, 2), name
         assert instance.constexprs["PARKED_BYTES"] == 2 * 8192 + plan.roots_table_bytes(2, 4096), name
-        assert instance.constexprs["STREAMED"] == name.endswith("_streamed"), name
+        assert not instance.constexprs["STREAMED"], name
 
 
 def test_four_chunk_wide_twins_leave_at_most_one_chunk_masked():

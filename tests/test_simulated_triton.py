@@ -394,7 +394,8 @@ def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, varia
 
 def test_the_broad_twin_of_x_gives_the_references_bits():
     """H = 7168 plain under the interpreter, the broad twin forced (chunks of 4096, the second masked
-    past 3072), hinted or not: the bits are the reference's."""
+    past 3072), also where a call would take the hints (the broad twin has none): the bits are the
+    reference's."""
     group = SimulatedGroup(1, hidden_size=7168, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K, split_rows=0)
     kernels = group.paths[0].kernels["triton"]
     assert kernels.local_x_broad_windows == {"plain": (), "quant": (), "residual": ()}  # no SMs: never
@@ -403,7 +404,7 @@ def test_the_broad_twin_of_x_gives_the_references_bits():
     check_simulated(group, random_inputs(1, 3, 7168, HC, seed=3, top_k=TOP_K), "plain", EPS)
     kernels.streamed_rows, kernels.l2_bytes = (0, CAPACITY), 1
     check_simulated(group, random_inputs(1, 2, 7168, HC, seed=2, top_k=TOP_K), "plain", EPS)
-    assert launched == ["local_plain_broad", "local_plain_broad_streamed"]
+    assert launched == ["local_plain_broad", "local_plain_broad"]
 
 
 def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():
