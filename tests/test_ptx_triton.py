@@ -301,9 +301,9 @@ def test_launch_shape_adds_the_parked_row_to_the_kernels_shared_memory():
 
 
 def test_streamed_twins_hint_what_passes_once(chunked):
-    """Each local streaming consumer has a ``_streamed`` twin, the same kernel but for its loads of
-    x (or GEMM2 and the shared expert) and the streams (evict_first, through an L2 policy) and its
-    stores of the streams (.cs); no other kernel hints anything."""
+    """Each local streaming consumer (but the held and broad twins) has a ``_streamed`` twin, the same
+    kernel but for its loads of x (or GEMM2 and the shared expert) and the streams (evict_first,
+    through an L2 policy) and its stores of the streams (.cs); no other kernel hints anything."""
     tp, _, ptx = chunked
     for name, text in ptx.items():
         streamed = name.endswith("_streamed")
@@ -313,7 +313,7 @@ def test_streamed_twins_hint_what_passes_once(chunked):
         if streamed:
             assert name.removesuffix("_streamed") in ptx, name
     assert {n.removesuffix("_streamed") for n in ptx if n.endswith("_streamed")} == (
-        {n for n in ptx if n.startswith("local") and not n.endswith(("_split", "_capped", "_streamed", "_held"))}
+        {n for n in ptx if n.startswith("local") and not n.endswith(("_split", "_capped", "_streamed", "_held", "_broad"))}
         if tp == 1
         else set())
 
