@@ -175,6 +175,14 @@ def wide_chunk(hidden: int, variant: str, of_x: bool = True) -> int | None:
         return 2 * chunk
     if not of_x:  # (the finalize's is unmeasured)
         return None
+    return four_chunk_width(hidden)
+
+
+def four_chunk_width(hidden: int) -> int | None:
+    """Four times the row's chunk where the row spans two or more of those and leaves at most one of
+    its chunks masked (H = 7168: 4096 + 3072, 16 warps; not 4096: one of them; not 5120: 4096 + 1024
+    of 4096), else None."""
+    chunk = row_chunks(hidden)[0]
     width = 4 * chunk
     pieces = -(-hidden // width)
     return width if pieces >= 2 and pieces * width - hidden <= chunk else None
@@ -188,15 +196,9 @@ BROAD_VARIANTS = ("plain",)
 
 
 def broad_chunk(hidden: int, variant: str) -> int | None:
-    """The chunk width of the ``_broad`` twin of the local streaming consumer of x (None: it has none):
-    four times the row's chunk where the row spans two or more of those and leaves at most one of
-    the row's chunks masked (H = 7168: 4096 + 3072; not 4096, one chunk; not 5120: 4096 + 1024)."""
-    chunk, chunks = row_chunks(hidden)
-    if variant not in BROAD_VARIANTS or chunks < 2:
-        return None
-    width = 4 * chunk
-    pieces = -(-hidden // width)
-    return width if pieces >= 2 and pieces * width - hidden <= chunk else None
+    """The chunk width of the ``_broad`` twin of the local streaming consumer of x (None: it has
+    none): ``four_chunk_width``, for ``BROAD_VARIANTS``."""
+    return four_chunk_width(hidden) if variant in BROAD_VARIANTS else None
 
 
 def four_chunk_wide(hidden: int, variant: str) -> bool:
@@ -262,7 +264,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
     GPU holds clusters of it at once; each local streaming consumer a ``_streamed`` twin with cache
     hints (``traffic.STREAMED_ROWS``), a ``_wide`` one for rows of two or more chunks (``wide_chunk``)
     and those of x with rows of up to 7 chunks a ``_held`` twin for calls of at least ``HELD_MIN_ROWS``
-    rows where the wide twin does not take those calls (``_row_forms``: quant at H = 5120)."""
+    rows where the wide twin does not take those calls (``_row_forms``: quant at H = 5120); the plain
+    one of x a ``_broad`` twin where ``broad_chunk`` gives it one (H = 7168)."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)
