@@ -19,11 +19,12 @@ from .harness import require_gpus, run_ranks
 # At tp = 1 on an H200, Triton's local calls of x (backend.LOCAL_X_*_ROWS_PER_SM) take the cooperative
 # form up to 112 / 198 / 105 rows at H = 4096 / 5120 / 7168 (quant at 7168: 112) and again from 133 to
 # 165-198 rows at 4096 and 7168 (150, 190), its capped twin only at 5120 from 185 rows (190), the wide
-# twins in between and up to 264 rows (113, 130, 255; none at 5120), the parked forms below 396 rows
-# at 4096 and 726 at 5120 / 7168 plain (300, 600) and the wide twins from there (600 at 4096, 1024),
-# the four-chunk twin of 7168 quant from 561 rows (600) and the held twin of 5120 quant at 562-660
-# rows (600); the local finalize the cooperative form up to 184 / 231 / 231 rows, past 139 rows at
-# 7168 by its capped twin (150, 190).
+# twins in between and up to 264 rows (113, 130, 255; none at 5120; hinted at 4096 and at 7168 quant
+# up to 132), but for 7168 plain, whose broad twin takes 113-132 rows (113, 130); the parked forms
+# below 396 rows at 4096 and 726 at 5120 / 7168 plain (300, 600), and for plain at 925-1056 rows
+# (1024), the wide twins from there (600 at 4096), the four-chunk twin of 7168 quant from 561 rows
+# (600) and the held twin of 5120 quant at 562-660 rows (600); the local finalize the cooperative form
+# up to 184 / 231 / 231 rows, past 139 rows at 7168 by its capped twin (150, 190).
 SIZES = [1, 2, 7, 18, 26, 33, 64, 113, 130, 150, 190, 255, 300, 600, 1024]
 # What each backend's sweep adds to the build's config.
 SWEEP_CONFIG = {"triton": {}, "cute": {"cross_check": True, "cross_check_backend": "triton"}}
