@@ -132,6 +132,15 @@ LOCAL_X_HELD_ROWS_PER_SM = {(5, "quant"): ((4.25, 5),)}
 # 57.4 / 57.4 unhinted, 2048 78.2 / 78.6 against 74.6 / 75.0; it has no hinted twin.
 LOCAL_X_BROAD_ROWS_PER_SM = {(7, "plain"): ((0.85, 1.0), (11, 16))}
 
+# The local calls of x take the ``_broad_held`` twin (``plan.broad_held_chunk``) in these windows of
+# rows per SM (above, at most), by the row's chunks and variant, before any other form, and its
+# hinted twin in the second table's. Empty until measured against the forms those calls take now
+# (``bench/local_forms.py``, form ``broad-held``): the twin is built in the shape of the strong
+# tail's wide form, which was the fastest kernel of the benchmark at about one row per SM (H = 4096
+# plain M = 128: 3.29 us against 3.64 for the fastest fused form).
+LOCAL_X_BROAD_HELD_ROWS_PER_SM: dict[tuple[int, str], tuple[tuple[float, float], ...]] = {}
+LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM: dict[tuple[int, str], tuple[tuple[float, float], ...]] = {}
+
 # The local calls of x take the parked form in these windows of rows per SM (above, at most), by the
 # row's chunks and variant, where the wide twin's window would take them. One H200, tp = 1, two runs,
 # us parked / wide, both hinted at M = 1000 / 1024: H = 4096 plain 21.7 / 22.0, 22.3 / 22.8; H =
@@ -240,6 +249,10 @@ class TritonKernels:
         # Local calls of x in these windows of rows take the ``_broad`` twin, where the plan has one,
         # and in the parked ones the parked form where the wide twin's window would take them.
         self.local_x_broad_windows = self._local_x_windows(LOCAL_X_BROAD_ROWS_PER_SM)
+        # Local calls of x in these windows of rows take the ``_broad_held`` twin (in the hinted ones
+        # its hinted twin), where the plan has one, before any other form.
+        self.local_x_broad_held_windows = self._local_x_windows(LOCAL_X_BROAD_HELD_ROWS_PER_SM)
+        self.local_x_hinted_broad_held_windows = self._local_x_windows(LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM)
         self.local_x_parked_windows = self._local_x_windows(LOCAL_X_PARKED_ROWS_PER_SM)
         # Local calls of x of at most this many rows that take the wide twin take its hinted twin.
         self.local_x_hinted_wide_rows = {variant: 0 if self.resident is None else int(
@@ -340,27 +353,32 @@ class TritonKernels:
         ``local_x``): the cooperative form, by its capped twin past its resident clusters (and for
         calls of x, ``local_x_capped_rows``); or a streaming form, by its wide twin in ``wide_rows``'
         windows, else its held twin from ``held_rows`` rows (calls of x also in
-        ``local_x_held_windows``); calls of x in ``local_x_broad_windows`` take the broad twin, and in
-        ``local_x_parked_windows`` no wide one; the parked or wide form with ``streamed`` (the wide one
-        also in ``local_x_hinted_wide_rows``) takes its hinted twin.
+        ``local_x_held_windows``); calls of x in ``local_x_broad_held_windows`` (hinted:
+        ``local_x_hinted_broad_held_windows``) take the broad held twin, in ``local_x_broad_windows``
+        the broad twin, and in ``local_x_parked_windows`` no wide one; the parked, wide or broad held
+        form with ``streamed`` (the wide one also in ``local_x_hinted_wide_rows``) takes its hinted twin.
         The interpreter, which runs programs one after another, runs a cooperative form's normalize
         as a second launch, once every program has left its chunk root."""
         def in_window(windows):
             return local_x and any(lo < m <= hi for lo, hi in windows[variant])
 
-        broad = in_window(self.local_x_broad_windows) and f"{name}_broad" in self.plan
-        split = 1 if broad else self._split(m, waits_for_twins, (variant, local_x) if local else None)
+        broad_held = ((in_window(self.local_x_broad_held_windows) or in_window(self.local_x_hinted_broad_held_windows))
+                      and f"{name}_broad_held" in self.plan)
+        broad = not broad_held and in_window(self.local_x_broad_windows) and f"{name}_broad" in self.plan
+        split = 1 if broad or broad_held else self._split(m, waits_for_twins, (variant, local_x) if local else None)
         fewest, most = self.wide_rows[variant, local_x]
         wide = ((m <= fewest or m >= most) and not in_window(self.local_x_parked_windows)
                 and f"{name}_wide" in self.plan)
         held = (m >= self.held_rows or in_window(self.local_x_held_windows)) and f"{name}_held" in self.plan
-        form = "_broad" if broad else "_split" if split > 1 else "_wide" if wide else "_held" if held else ""
+        form = ("_broad_held" if broad_held else "_broad" if broad else "_split" if split > 1 else "_wide" if wide
+                else "_held" if held else "")
         name += form
         capped = m > self._resident_clusters(name) and (not local_x or m > self.local_x_capped_rows)
         if form == "_split" and capped and f"{name}_capped" in self.plan:
             name += "_capped"
         hinted_wide = form == "_wide" and local_x and m <= self.local_x_hinted_wide_rows[variant]
-        if (streamed or hinted_wide) and form in ("", "_wide"):
+        hinted_broad_held = broad_held and in_window(self.local_x_hinted_broad_held_windows)
+        if (streamed or hinted_wide or hinted_broad_held) and form in ("", "_wide", "_broad_held"):
             name += "_streamed"
         if not self.interpret:
             if phases != "both":

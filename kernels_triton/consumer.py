@@ -16,9 +16,9 @@ root, which is exact for every sum of squares.
   (``PARKED_BYTES``, ``ptx.parked_area``), under the interpreter in ``layer_out``. Parked in
   ``layer_out``, a row waited there long enough (one program takes a token's whole row) to be
   written back to HBM and read again: 10% more HBM bytes for the finalize at H = 7168. The local
-  parked forms keep each warp's part of each chunk's sum of squares in a table past the row
-  (``ROOTS_TABLE_BYTES``, ``ptx.table_part``), joined once the row is done; the others join them
-  across warps through Triton's own shared memory.
+  parked forms (and the held twin of 16 warps, ``plan.broad_held_chunk``) keep each warp's part of
+  each chunk's sum of squares in a table past the row (``ROOTS_TABLE_BYTES``, ``ptx.table_part``),
+  joined once the row is done; the others join them across warps through Triton's own shared memory.
 - Cooperative: a program keeps its prenormalized chunk in registers and exchanges its chunk's sum
   of squares with the token's other programs, which are one cluster of CTAs
   (``plan.KernelInstance.cluster``): each warp stores its part (the root of its subtree) into every
@@ -52,8 +52,9 @@ Specialized by constexprs:
   otherwise they are spread over the program's threads. With it, the local cooperative form of x
   (the latency form) stores the mixed streams after the exchange in calls of few rows
   (``LATE_STORE_MAX_ROWS``).
-- ``ROOTS_TABLE_BYTES`` (the local parked forms): the bytes of the roots table past the parked row
-  (``plan.roots_table_bytes``; 0: none).
+- ``ROOTS_TABLE_BYTES`` (the local parked forms, the broad held twin): the bytes of the roots table
+  past the parked row, or all of ``PARKED_BYTES`` where the row is held (``plan.roots_table_bytes``;
+  0: none).
 Every step follows the bit contract of ``lamport_mhc.reference``; see DESIGN.md.
 """
 
@@ -548,9 +549,13 @@ def consumer_kernel(
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, PARKED_BYTES, STREAMED, ON_GPU,
                         PER_THREAD_WEIGHTS)
                     held = held + (prenorm,)
-                    # (Joined across warps now: deferred, ptxas hoists the next chunk's loads and
-                    # the held row spills.)
-                    roots = tl.where(root_index == chunk, pairwise_sum(parts, PARTS), roots)
+                    if ROOTS_TABLE_BYTES > 0:  # joined once the row is done, as the parked forms do
+                        part_index = tl.arange(0, PARTS)
+                        ptx.table_part(parts, part_index, table + 4 * (chunk * PARTS + part_index))
+                    else:
+                        # (Joined across warps now: deferred, ptxas hoists the next chunk's loads and
+                        # the held row spills.)
+                        roots = tl.where(root_index == chunk, pairwise_sum(parts, PARTS), roots)
             else:
                 # Each chunk's subtrees of a warp, joined across warps once the row is done (the
                 # local forms through their roots table): the chunks' loop has no barrier, so the
@@ -585,7 +590,11 @@ def consumer_kernel(
             tl.store(token_roots + part, pairwise_sum(parts, PARTS))
         if NORMALIZE & (not COOPERATIVE):
             if HOLD:
-                inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
+                if ROOTS_TABLE_BYTES > 0:
+                    tl.debug_barrier()  # the roots table, written by a lane of every warp, is read by every thread
+                    inv_rms = _inverse_rms_of(_tabled_sum_of_squares(table, CHUNKS, ROOTS, PARTS), eps, HIDDEN)
+                else:
+                    inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
                 for chunk in tl.static_range(CHUNKS):
                     h = chunk * CHUNK + c
                     _normalize_chunk(held[chunk], tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0), inv_rms, token,

@@ -201,6 +201,28 @@ def broad_chunk(hidden: int, variant: str) -> int | None:
     return four_chunk_width(hidden) if variant in BROAD_VARIANTS else None
 
 
+# The local streaming consumers of x of these variants have a ``_broad_held`` twin
+# (``broad_held_chunk``): the row held in registers, in chunks four times the row's (16 warps) where
+# it spans at most BROAD_HELD_MAX_CHUNKS of them, each warp's part of a chunk's sum of squares joined
+# through a roots table (one CTA barrier a row), every mix weight in every thread, the registers the
+# compiler's choice, hinted and not: the shape of the strong tail's wide form (one program an SM,
+# every load of the row in flight at once), which the benchmark's strong tail took at M = 32-128 at
+# H = 4096 and 100-128 at 5120 on one H200, where the fused forms were 5-10% slower. The calls it
+# takes: ``backend.LOCAL_X_BROAD_HELD_ROWS_PER_SM``.
+BROAD_HELD_VARIANTS = ("plain", "quant")
+BROAD_HELD_MAX_CHUNKS = 2
+
+
+def broad_held_chunk(hidden: int, variant: str) -> int | None:
+    """The chunk width of the ``_broad_held`` twin of the local streaming consumer of x (None: it has
+    none): four times the row's chunk, for ``BROAD_HELD_VARIANTS``, where the row fills at least one
+    such chunk and spans at most ``BROAD_HELD_MAX_CHUNKS`` (H = 4096: one; 5120 and 7168: two)."""
+    width = 4 * row_chunks(hidden)[0]
+    if variant not in BROAD_HELD_VARIANTS or hidden < width or -(-hidden // width) > BROAD_HELD_MAX_CHUNKS:
+        return None
+    return width
+
+
 def four_chunk_wide(hidden: int, variant: str) -> bool:
     """Whether ``variant``'s wide twin (that of its consumer of x) walks chunks four times as wide."""
     return wide_chunk(hidden, variant) == 4 * row_chunks(hidden)[0]
@@ -216,11 +238,12 @@ def wide_takes_many_rows(hidden: int, variant: str, of_x: bool = True) -> bool:
 
 
 def _row_forms(may_hold: bool, wide: int | None, wide_takes_many: bool, chunk: int, chunks: int,
-               hidden: int, broad: int | None = None) -> tuple[tuple, ...]:
+               hidden: int, broad: int | None = None, broad_held: int | None = None) -> tuple[tuple, ...]:
     """(HOLD, CHUNK, CHUNKS, name suffix) of each form a streaming consumer is built in: parked; a
     ``_wide`` twin parked in chunks ``wide`` wide (more warps, the last chunk masked where they
     overhang the row); where it may hold the row, a ``_held`` twin, but where the wide twin takes
-    the calls of many rows; a ``_broad`` twin parked in chunks ``broad`` wide."""
+    the calls of many rows; a ``_broad`` twin parked in chunks ``broad`` wide; a ``_broad_held`` twin
+    holding the row in chunks ``broad_held`` wide."""
     forms = [(False, chunk, chunks, "")]
     if may_hold and chunks <= HELD_MAX_CHUNKS and not wide_takes_many:
         forms.append((True, chunk, chunks, "_held"))
@@ -228,6 +251,8 @@ def _row_forms(may_hold: bool, wide: int | None, wide_takes_many: bool, chunk: i
         forms.append((False, wide, -(-hidden // wide), "_wide"))
     if broad is not None:
         forms.append((False, broad, -(-hidden // broad), "_broad"))
+    if broad_held is not None:
+        forms.append((True, broad_held, -(-hidden // broad_held), "_broad_held"))
     return tuple(forms)
 
 
@@ -299,17 +324,23 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                     else:
                         wide = wide_chunk(spec.hidden, variant, of_x) if local_streaming and normalizes else None
                         broad = broad_chunk(spec.hidden, variant) if local_streaming and of_x else None
+                        broad_held = broad_held_chunk(spec.hidden, variant) if local_streaming and of_x else None
                         forms = _row_forms(local_streaming and of_x and normalizes, wide,
                                            wide is not None and wide_takes_many_rows(spec.hidden, variant, of_x),
-                                           chunk, chunks, spec.hidden, broad)
+                                           chunk, chunks, spec.hidden, broad, broad_held)
                     for hold, form_chunk, form_chunks, twin in forms:
                         latency_form = split > 1 and protocol == LOCAL and twin == "" and normalizes and of_x
                         parks = split == 1 and not hold and normalizes
                         parked_bytes = parked_row_bytes(form_chunk, form_chunks, on_gpu) if parks else 0
-                        table_bytes = roots_table_bytes(form_chunks, form_chunk) if parked_bytes and local_streaming else 0
+                        broad_held_form = twin == "_broad_held"
+                        # The roots table lies past the parked row, or is the broad held twin's only
+                        # shared array (the interpreter's held forms join their roots as they go).
+                        tabled = local_streaming and (parked_bytes > 0 or (broad_held_form and on_gpu))
+                        table_bytes = roots_table_bytes(form_chunks, form_chunk) if tabled else 0
                         parks_x = parks and local_streaming and of_x  # the parked streaming consumer of x
                         prefetch = parks_x and variant in PARKED_PREFETCH_VARIANTS
-                        per_thread_weights = latency_form or (parks_x and variant in PER_THREAD_WEIGHTS_VARIANTS)
+                        per_thread_weights = latency_form or broad_held_form or (
+                            parks_x and variant in PER_THREAD_WEIGHTS_VARIANTS)
                         # The held twin runs from HELD_MIN_ROWS rows, past the hinted window; the broad
                         # twin lost with hints (backend.LOCAL_X_BROAD_ROWS_PER_SM).
                         for streamed in (False, True) if local_streaming and twin not in ("_held", "_broad") else (False,):
@@ -326,7 +357,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 PARKED_BYTES=parked_bytes + table_bytes, PREFETCH=prefetch,
                                 PER_THREAD_WEIGHTS=per_thread_weights, ROOTS_TABLE_BYTES=table_bytes),
                                 CONSUMER_SIGNATURE, row_warps(form_chunk),
-                                held_registers(chunks) if hold else None if twin == "_broad" else
+                                None if twin in ("_broad", "_broad_held") else held_registers(chunks) if hold else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming or twin == "_capped" else
                                 LOCAL_COOPERATIVE_MAX_REGISTERS if latency_form else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.

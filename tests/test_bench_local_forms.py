@@ -42,15 +42,21 @@ class _Call:
     ("held", False, "local_plain", "local_quant"),  # no held twin at 7168 (the wide one takes many rows): parked
     ("broad", False, "local_plain_broad", "local_quant_wide"),  # no quant broad twin
     ("broad", True, "local_plain_broad", "local_quant_wide_streamed"),  # the broad twin has no hinted one
+    ("broad-held", False, "local_plain_broad_held", "local_quant_broad_held"),
+    ("broad-held", True, "local_plain_broad_held_streamed", "local_quant_broad_held_streamed"),
 ])
 def test_forced_forms_are_launched_where_the_plan_has_them(form, hinted, plain, quant):
     kernels = _kernels(7168)
     forcer = FormForcer(kernels)
-    measured = dict(kernels.local_split_windows), dict(kernels.wide_rows), dict(kernels.local_x_broad_windows)
+    def windows():
+        return (dict(kernels.local_split_windows), dict(kernels.wide_rows), dict(kernels.local_x_broad_windows),
+                dict(kernels.local_x_broad_held_windows), dict(kernels.local_x_hinted_broad_held_windows))
+
+    measured = windows()
     forcer.force(form, hinted)
     assert _chosen(kernels, "plain", 200) == plain and _chosen(kernels, "quant", 200) == quant
     forcer.reset()
-    assert (dict(kernels.local_split_windows), dict(kernels.wide_rows), dict(kernels.local_x_broad_windows)) == measured
+    assert windows() == measured
     assert kernels.l2_bytes is None and _chosen(kernels, "plain", 200) == "local_plain_wide"
 
 
@@ -63,4 +69,4 @@ def test_the_held_twin_where_the_plan_has_one():
 def test_an_unknown_form_is_refused():
     with pytest.raises(ValueError, match="form must be one of"):
         FormForcer(_kernels(4096)).force("looped")
-    assert set(FORMS) == {"cooperative", "parked", "wide", "held", "broad"}
+    assert set(FORMS) == {"cooperative", "parked", "wide", "held", "broad", "broad-held"}

@@ -136,7 +136,7 @@ def test_no_pdl_build_has_no_griddepcontrol():
 
 
 # Name suffixes of a consumer's twins (plan.kernel_plan).
-TWINS = ("_split", "_capped", "_streamed", "_held", "_wide", "_broad")
+TWINS = ("_split", "_capped", "_streamed", "_held", "_wide", "_broad", "_broad_held")
 
 
 def _chunked_spec(tp: int, hidden: int) -> BuildSpec:
@@ -178,7 +178,9 @@ def test_every_access_moves_16_bytes_at_any_hidden_size(chunked):
             {f"local{f}_plain_split{twin}" for f in ("", "_finalize") for twin in ("", "_capped")}
             if cooperative else set()) | (
             {"local_plain_held"} if chunks <= plan.HELD_MAX_CHUNKS and not wide_takes_many else set()) | (
-            {"local_plain_broad"} if plan.broad_chunk(hidden, "plain") else set())
+            {"local_plain_broad"} if plan.broad_chunk(hidden, "plain") else set()) | (
+            {"local_plain_broad_held", "local_plain_broad_held_streamed"} if plan.broad_held_chunk(hidden, "plain")
+            else set())
 
 
 def test_cooperative_forms_exchange_roots_in_their_cluster(chunked):
@@ -225,8 +227,9 @@ def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
     row not held, not residual-only) declares one parking area of its own (a static shared array of
     the row's bytes, and for the local ones their roots table's past it) and stores the row there and
     reads it back, 16 bytes at a time; the local ones leave each warp's part of a chunk's sum of
-    squares in the table and join it after the one CTA barrier before the second pass. No kernel
-    reads a parked row back from global memory, none adds shared memory at launch."""
+    squares in the table and join it after the one CTA barrier before the second pass, as the broad
+    held twin does, whose area is its table alone. No kernel reads a parked row back from global
+    memory, none adds shared memory at launch."""
     tp, hidden, ptx = chunked
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
     parking = []
@@ -236,13 +239,13 @@ def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
         if parks:
             parking.append(name)
         chunks, warps = constexprs.get("CHUNKS", 0), plan.row_warps(constexprs.get("CHUNK", 0))
-        tabled = parks and constexprs["LOCAL"]
+        tabled = (parks and constexprs["LOCAL"]) or "_broad_held" in name
         table_bytes = -(-4 * chunks * warps // 16) * 16 if tabled else 0
         assert constexprs.get("ROOTS_TABLE_BYTES", 0) == table_bytes, name
-        area_bytes = 2 * constexprs.get("CHUNK", 0) * chunks + table_bytes if parks else 0
+        area_bytes = (2 * constexprs.get("CHUNK", 0) * chunks if parks else 0) + table_bytes
         assert constexprs.get("PARKED_BYTES", 0) == area_bytes, name
         areas = re.findall(r"\.shared \.align 16 \.b8 parked_area\[(\d+)\]", text)
-        assert areas == ([str(area_bytes)] if parks else []), name
+        assert areas == ([str(area_bytes)] if tabled or parks else []), name
         assert bool(_ops(text, r"st\.shared\.v4\.b32 \[%r\d+\]")) == parks, name
         assert bool(_ops(text, r"ld\.shared\.v4\.b32 \{[^}]+\}, \[%r\d+\]")) == parks, name
         if constexprs.get("SPLIT", 1) == 1:  # (the cooperative forms' cluster exchange matches parts too)
@@ -301,9 +304,10 @@ def test_launch_shape_adds_the_parked_row_to_the_kernels_shared_memory():
 
 
 def test_streamed_twins_hint_what_passes_once(chunked):
-    """Each local streaming consumer (but the held and broad twins) has a ``_streamed`` twin, the same
-    kernel but for its loads of x (or GEMM2 and the shared expert) and the streams (evict_first,
-    through an L2 policy) and its stores of the streams (.cs); no other kernel hints anything."""
+    """Each local streaming consumer (but the held and broad twins; the broad held one has it) has a
+    ``_streamed`` twin, the same kernel but for its loads of x (or GEMM2 and the shared expert) and
+    the streams (evict_first, through an L2 policy) and its stores of the streams (.cs); no other
+    kernel hints anything."""
     tp, _, ptx = chunked
     for name, text in ptx.items():
         streamed = name.endswith("_streamed")
@@ -313,7 +317,8 @@ def test_streamed_twins_hint_what_passes_once(chunked):
         if streamed:
             assert name.removesuffix("_streamed") in ptx, name
     assert {n.removesuffix("_streamed") for n in ptx if n.endswith("_streamed")} == (
-        {n for n in ptx if n.startswith("local") and not n.endswith(("_split", "_capped", "_streamed", "_held", "_broad"))}
+        {n for n in ptx if n.startswith("local") and (n.endswith("_broad_held") or not n.endswith(
+            ("_split", "_capped", "_streamed", "_held", "_broad")))}
         if tp == 1
         else set())
 
@@ -333,23 +338,24 @@ def test_quant_converts_with_flashinfers_instruction(build):
 def test_only_local_streaming_consumers_cap_registers(chunked):
     """Parking the row: 64 registers, but the broad twin (the compiler's choice); the held twin of the
     consumer of x (rows of up to seven chunks whose calls of many rows the wide twin does not take):
-    64 for rows of up to four chunks, else 96; the capped twin of a local cooperative form: 64. The
-    held twins hold and nothing else does."""
+    64 for rows of up to four chunks, else 96; the broad held twin: the compiler's choice; the capped
+    twin of a local cooperative form: 64. The held twins hold and nothing else does."""
     tp, hidden, ptx = chunked
     _, chunks = plan.row_chunks(hidden)
     instances = plan.kernel_plan(_chunked_spec(tp, hidden))
     narrow = chunks <= plan.HELD_NARROW_CHUNKS
     for name, text in ptx.items():
         streaming = name.startswith("local") and "_split" not in name
-        held_twin = name.endswith("_held")
+        held_twin = name.endswith("_held") and "_broad" not in name
+        broad_held = "_broad_held" in name
         assert held_twin == (name == "local_plain_held" and chunks <= plan.HELD_MAX_CHUNKS
                              and not plan.wide_takes_many_rows(hidden, "plain")), name
-        assert instances[name].constexprs.get("HOLD", False) == held_twin, name
+        assert instances[name].constexprs.get("HOLD", False) == (held_twin or broad_held), name
         if name.endswith("_capped"):
             assert tp == 1 and name.startswith("local") and "_split" in name, name
         assert (".maxnreg 64" in text) == ((streaming and not (held_twin and not narrow) and "_broad" not in name)
                                           or name.endswith("_capped")), name
-        if "_broad" in name:
+        if "_broad" in name:  # (the broad held twin too)
             assert ".maxnreg" not in text, name
         assert (".maxnreg 96" in text) == (held_twin and not narrow), name
 
@@ -390,7 +396,7 @@ def test_broad_twins_walk_the_row_in_chunks_four_times_as_wide():
         None, None, None, 4096, 4096, None, 4096]
     assert plan.broad_chunk(7168, "quant") is None and plan.broad_chunk(7168, "residual") is None
     instances = plan.kernel_plan(BuildSpec(hidden=7168, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True))
-    broad = {name for name in instances if "_broad" in name}
+    broad = {name for name in instances if name.endswith("_broad")}
     assert broad == {"local_plain_broad"}
     for name in broad:
         instance = instances[name]
@@ -426,3 +432,38 @@ def test_bf16_rounding_is_one_conversion_a_pair(build):
                 assert conversions == canonical, name
             else:
                 assert canonical < conversions <= canonical + canonical // 4, name
+
+
+def test_broad_held_twins_hold_the_row_in_chunks_four_times_as_wide():
+    """The local consumer of x of the plain and quant variants has a ``_broad_held`` twin (and its
+    hinted one) where the row fills a chunk four times its own and spans at most two: 16 warps, the
+    row held, every mix weight in every thread, the registers the compiler's choice, no prefetch. Its
+    only shared array is the roots table: a lane of each warp stores the warp's part of each chunk's
+    sum of squares there, and one CTA barrier later every thread joins them."""
+    assert [plan.broad_held_chunk(h, "plain") for h in (1408, 2048, 4096, 5120, 7168, 8192, 9216)] == [
+        None, None, 4096, 4096, 4096, 4096, None]
+    assert plan.broad_held_chunk(4096, "quant") == 4096 and plan.broad_held_chunk(4096, "residual") is None
+    for hidden, chunks in ((4096, 1), (5120, 2), (7168, 2)):
+        spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
+        instances = plan.kernel_plan(spec)
+        names = {name for name in instances if "_broad_held" in name}
+        assert names == {f"local_{v}_broad_held{t}" for v in ("plain", "quant") for t in ("", "_streamed")}, hidden
+        for name in names:
+            instance, constexprs = instances[name], instances[name].constexprs
+            assert instance.num_warps == 16 and instance.max_registers is None, name
+            assert (constexprs["CHUNK"], constexprs["CHUNKS"], constexprs["HOLD"]) == (4096, chunks, True), name
+            assert constexprs["PARKED_BYTES"] == constexprs["ROOTS_TABLE_BYTES"] == plan.roots_table_bytes(chunks, 4096)
+            assert constexprs["PER_THREAD_WEIGHTS"] and not constexprs["PREFETCH"], name
+            assert constexprs["STREAMED"] == name.endswith("_streamed"), name
+        # The interpreter's held forms join their roots as they go: no table.
+        interpreted = plan.kernel_plan(spec, on_gpu=False)
+        assert all(interpreted[name].constexprs["ROOTS_TABLE_BYTES"] == 0 for name in names)
+    ptx = compile_ptx(BuildSpec(hidden=5120, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True))
+    for name in ("local_plain_broad_held", "local_quant_broad_held_streamed"):
+        text = ptx[name]
+        assert ".maxnreg" not in text, name
+        if "_plain" in name:  # (the MXFP8 scales pass through shared memory behind barriers of their own)
+            assert text.count("bar.sync") == 1, name
+        assert re.findall(r"\.shared \.align 16 \.b8 parked_area\[(\d+)\]", text) == ["128"], name
+        assert len(_ops(text, r"match\.any\.sync\.b32")) == 2, name  # a table part a chunk
+        assert not _ops(text, r"st\.shared\.v4\.b32"), f"{name}: the row is held, not parked"

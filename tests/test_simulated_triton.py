@@ -407,6 +407,41 @@ def test_the_broad_twin_of_x_gives_the_references_bits():
     assert launched == ["local_plain_broad", "local_plain_broad"]
 
 
+@pytest.mark.parametrize("hidden,variant", [(4096, "quant"), (5120, "plain")])
+def test_the_broad_held_twin_of_x_gives_the_references_bits(hidden, variant):
+    """The broad held twin forced under the interpreter (H = 4096: one chunk of 4096; 5120: two, the
+    second masked past 1024), hinted and not: the bits are the reference's. No SMs known, its windows
+    hold no call."""
+    group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
+                           quantize_layer_input=True, split_rows=0)
+    kernels = group.paths[0].kernels["triton"]
+    assert not any(kernels.local_x_broad_held_windows.values()) and not any(kernels.local_x_hinted_broad_held_windows.values())
+    assert kernels.plan[f"local_{variant}_broad_held"].constexprs["CHUNKS"] == hidden // 4096 + (hidden % 4096 > 0)
+    launched = _recording_launches(kernels)
+    kernels.local_x_broad_held_windows = {key: ((0, CAPACITY),) for key in kernels.local_x_broad_held_windows}
+    check_simulated(group, random_inputs(1, 3, hidden, HC, seed=hidden + 3, top_k=TOP_K), variant, EPS)
+    kernels.local_x_hinted_broad_held_windows = kernels.local_x_broad_held_windows
+    check_simulated(group, random_inputs(1, 2, hidden, HC, seed=hidden + 2, top_k=TOP_K), variant, EPS)
+    assert launched == [f"local_{variant}_broad_held", f"local_{variant}_broad_held_streamed"]
+
+
+def test_local_calls_of_x_take_the_broad_held_twin_in_its_windows():
+    """Calls of x in the broad held twin's windows take it before any other form (in the hinted
+    windows its hinted twin, as do calls that stream past the L2); the finalize, which has no such
+    twin, keeps its form."""
+    kernels = _as_on_an_h200(4096)
+    launched = _chosen_kernels(kernels)
+    kernels.local_x_broad_held_windows = {"plain": ((99, 128),), "quant": (), "residual": ()}
+    kernels.local_x_hinted_broad_held_windows = {"plain": (), "quant": ((99, 128),), "residual": ()}
+    for m, variant, local_x, streamed in ((100, "plain", True, False), (128, "plain", True, True),
+                                          (100, "quant", True, False), (129, "plain", True, False),
+                                          (100, "plain", False, False)):
+        kernels._launch_consumer(f"local{'' if local_x else '_finalize'}_{variant}", m, variant=variant, local=True,
+                                 local_x=local_x, streamed=streamed)
+    assert launched[:3] == ["local_plain_broad_held", "local_plain_broad_held_streamed", "local_quant_broad_held_streamed"]
+    assert "broad_held" not in launched[3] and "broad_held" not in launched[-1]
+
+
 def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():
     """H = 7168 quant: the consumer of x walks the row in two chunks of 4096 (the second masked past
     3072) from its window on; the plain variant takes its own wide twin (chunks of 2048). The bits

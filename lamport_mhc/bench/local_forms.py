@@ -1,8 +1,8 @@
 """Forcing the Triton backend's local forms, one at a time, for measuring where each is fastest.
 
-The windows of rows that send a local call to the cooperative, parked, wide, held or broad form
-(``kernels_triton.backend``: ``LOCAL_X_*_ROWS_PER_SM``) are measured by timing every form at the
-same rows in one run; ``bench/local_forms.py`` does so on a GPU, against the strong tail's forms.
+The windows of rows that send a local call to the cooperative, parked, wide, held, broad or broad
+held form (``kernels_triton.backend``: ``LOCAL_X_*_ROWS_PER_SM``) are measured by timing every form
+at the same rows in one run; ``bench/local_forms.py`` does so on a GPU, against the strong tail's forms.
 ``FormForcer`` sets a build's windows so that every local call takes one form (where its plan has
 it; otherwise the calls keep the form they would take), hinted or not, and puts the measured
 windows back.
@@ -14,11 +14,12 @@ from kernels_triton.backend import UNBOUNDED
 
 # Form -> which windows hold every call (True), none (False), or stay as derived (absent).
 FORMS = {
-    "cooperative": dict(split=True, broad=False),
-    "parked": dict(split=False, wide=False, held=False, broad=False),
-    "wide": dict(split=False, wide=True, held=False, broad=False),
-    "held": dict(split=False, wide=False, held=True, broad=False),
-    "broad": dict(broad=True),
+    "cooperative": dict(split=True, broad=False, broad_held=False),
+    "parked": dict(split=False, wide=False, held=False, broad=False, broad_held=False),
+    "wide": dict(split=False, wide=True, held=False, broad=False, broad_held=False),
+    "held": dict(split=False, wide=False, held=True, broad=False, broad_held=False),
+    "broad": dict(broad=True, broad_held=False),
+    "broad-held": dict(broad_held=True),
 }
 
 
@@ -53,6 +54,10 @@ class FormForcer:
         if "broad" in windows:
             k.local_x_broad_windows = {variant: every if windows["broad"] else nothing
                                        for variant in k.local_x_broad_windows}
+        if "broad_held" in windows:  # hinted or not as ``hinted`` says, below
+            k.local_x_broad_held_windows = {variant: every if windows["broad_held"] else nothing
+                                            for variant in k.local_x_broad_held_windows}
+            k.local_x_hinted_broad_held_windows = {variant: nothing for variant in k.local_x_hinted_broad_held_windows}
         if hinted is not None:
             k.local_x_hinted_wide_rows = {variant: 0 for variant in k.local_x_hinted_wide_rows}
             # Every call moves at least 0 bytes of an L2 of 0; none is in an empty window.
