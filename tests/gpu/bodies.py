@@ -89,6 +89,18 @@ def check(ops, tp, rank, m, hidden, variant, seed, edit=None) -> list[str]:
     return failures
 
 
+def special_values(inputs):
+    """Row 1 with an Inf among its inputs (its layer input: NaN where the prenorm is infinite, zeros
+    elsewhere), row 2 with a NaN (all NaN), and NaN, Inf and -0.0 in single lanes of every input."""
+    nan, inf = float("nan"), float("inf")
+    for x in inputs["xs"] + inputs["shareds"]:
+        x[1, 40] = inf
+        x[2, 7] = nan
+        x[0, :4] = torch.tensor([-0.0, -0.0, -inf, -0.0])
+    inputs["residual"][0, 3, 100:104] = torch.tensor([-0.0, inf, -0.0, 3e38])
+    inputs["post"][2, 1] = nan
+
+
 def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: list[int], **config) -> list[str]:
     """Every variant over ``sizes`` on two ops: LL only (no BT state) and BT from 1 row."""
     ops = [build(hidden, capacity, backend, bt_min_rows, **config) for bt_min_rows in (capacity + 1, 1)]

@@ -12,7 +12,7 @@ import torch
 from lamport_mhc.testing import bits, expected_outputs, random_inputs
 
 from .bodies import (BACKENDS, EPS, HC, TOP_K, TP, VARIANTS, build, check, graph_replays, poison_allocator,
-                     require_backend, run_variant, sweep)
+                     require_backend, run_variant, special_values, sweep)
 from .harness import require_gpus, run_ranks
 
 # The one-kernel form's bounds for CuTe on 132 SMs are 33 / 26 / 18 rows at H = 4096 / 5120 / 7168.
@@ -44,22 +44,10 @@ def test_bit_exact_sweep(backend, hidden):
     assert not failures, f"{len(failures)} wrong calls:\n" + "\n".join(failures)
 
 
-def _special_values(inputs):
-    """Row 1 with an Inf among its inputs (its layer input: NaN where the prenorm is infinite, zeros
-    elsewhere), row 2 with a NaN (all NaN), and NaN, Inf and -0.0 in single lanes of every input."""
-    nan, inf = float("nan"), float("inf")
-    for x in inputs["xs"] + inputs["shareds"]:
-        x[1, 40] = inf
-        x[2, 7] = nan
-        x[0, :4] = torch.tensor([-0.0, -0.0, -inf, -0.0])
-    inputs["residual"][0, 3, 100:104] = torch.tensor([-0.0, inf, -0.0, 3e38])
-    inputs["post"][2, 1] = nan
-
-
 def _special_values_body(rank, tp, backend, hidden):
     ops = [build(hidden, 512, backend, bt_min_rows) for bt_min_rows in (513, 1)]
     return [f for m in (3, 8, 300) for v in VARIANTS
-            for f in check(ops, tp, rank, m, hidden, v, seed=m, edit=_special_values)]
+            for f in check(ops, tp, rank, m, hidden, v, seed=m, edit=special_values)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
