@@ -245,7 +245,10 @@ def _inverse_rms(roots, eps, HIDDEN: tl.constexpr, ROOTS: tl.constexpr):
 
 @triton.jit
 def _inverse_rms_of(total, eps, HIDDEN: tl.constexpr):
-    mean = tl.math.div_rn(total, tl.full([], HIDDEN, tl.float32)) + eps
+    if (HIDDEN & (HIDDEN - 1)) == 0:  # scaled by 2^-k exactly: the IEEE quotient's bits, without the division
+        mean = total * tl.full([], 1.0 / HIDDEN, tl.float32) + eps
+    else:
+        mean = tl.math.div_rn(total, tl.full([], HIDDEN, tl.float32)) + eps
     return tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.math.sqrt_rn(mean))
 
 
@@ -539,6 +542,9 @@ def consumer_kernel(
                                    residual_out_ptr, HIDDEN, HC, STREAMED)
         else:
             roots = tl.zeros([ROOTS], tl.float32)
+            part_index = tl.arange(0, PARTS)
+            if ROOTS_TABLE_BYTES > 0:
+                leaders = ptx.table_leaders(part_index)
             if HOLD:
                 held = ()
                 for chunk in tl.static_range(CHUNKS):  # the prenormalized row stays in registers
@@ -550,8 +556,7 @@ def consumer_kernel(
                         PER_THREAD_WEIGHTS)
                     held = held + (prenorm,)
                     if ROOTS_TABLE_BYTES > 0:  # joined once the row is done, as the parked forms do
-                        part_index = tl.arange(0, PARTS)
-                        ptx.table_part(parts, part_index, table + 4 * (chunk * PARTS + part_index))
+                        ptx.table_part(parts, leaders, table + 4 * (chunk * PARTS + part_index))
                     else:
                         # (Joined across warps now: deferred, ptxas hoists the next chunk's loads and
                         # the held row spills.)
@@ -577,8 +582,7 @@ def consumer_kernel(
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU,
                         PER_THREAD_WEIGHTS, x, area=area)
                     if ROOTS_TABLE_BYTES > 0:
-                        part_index = tl.arange(0, PARTS)
-                        ptx.table_part(parts, part_index, table + 4 * (chunk * PARTS + part_index))
+                        ptx.table_part(parts, leaders, table + 4 * (chunk * PARTS + part_index))
                     else:
                         part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
                 if ROOTS_TABLE_BYTES == 0:

@@ -165,18 +165,28 @@ def load_area_16b(address):
                                      args=[address], dtype=tl.int16, is_pure=False, pack=8)
 
 
-TABLE_PART_ASM = tl.constexpr(
+# The lane that stores each warp's part: the lowest of the lanes that hold it (Triton replicates a
+# warp's value over its lanes).
+TABLE_LEADER_ASM = tl.constexpr(
     "{ .reg .pred leader; .reg .b32 lane, holders, lowest; "
-    "mov.u32 lane, %laneid; match.any.sync.b32 holders, $2, 0xffffffff; brev.b32 holders, holders; "
-    "bfind.shiftamt.u32 lowest, holders; setp.eq.u32 leader, lane, lowest; "
-    "@leader st.shared.b32 [$3], $1; mov.b32 $0, 0; }")
+    "mov.u32 lane, %laneid; match.any.sync.b32 holders, $1, 0xffffffff; brev.b32 holders, holders; "
+    "bfind.shiftamt.u32 lowest, holders; setp.eq.u32 leader, lane, lowest; selp.u32 $0, 1, 0, leader; }")
 
 
 @triton.jit
-def table_part(value, part, address):
-    """Store each warp's fp32 part ``value`` (one per ``part``, a part per warp) at its shared
-    ``address``: one lane of the lanes that hold a part stores it. GPU only."""
-    tl.inline_asm_elementwise(TABLE_PART_ASM, "=r,r,r,r", args=[value, part, address], dtype=tl.int32,
+def table_leaders(part):
+    """1 where this lane stores its warp's ``part`` (one per part, a part per warp) into the roots
+    table (``table_part``), else 0. The lanes hold the same parts at every chunk: computed once a
+    row, not at every store. GPU only."""
+    return tl.inline_asm_elementwise(TABLE_LEADER_ASM, "=r,r", args=[part], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def table_part(value, leader, address):
+    """Store each warp's fp32 part ``value`` at its shared ``address`` from the lane ``table_leaders``
+    named (``leader`` non-zero). GPU only."""
+    tl.inline_asm_elementwise("{ .reg .pred leader; setp.ne.u32 leader, $2, 0; @leader st.shared.b32 [$3], $1; "
+                              "mov.b32 $0, 0; }", "=r,r,r,r", args=[value, leader, address], dtype=tl.int32,
                               is_pure=False, pack=1)
 
 
