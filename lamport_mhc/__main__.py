@@ -52,6 +52,7 @@ def _ptx(args) -> int:
     from pathlib import Path
 
     from .backend import BuildSpec, Support, load_backend
+    from .bench.sass import assemble, disassemble
 
     backend = load_backend(args.backend)
     if isinstance(backend, Support):
@@ -69,7 +70,12 @@ def _ptx(args) -> int:
             path = out / f"{args.backend}_{name}_{args.transport}_tp{args.tp}_rank{rank}_{args.arch}.ptx"
             path.write_text(text)
             written += 1
-            print(path)
+            if not args.sass:
+                print(path)
+                continue
+            sass, summary = disassemble(assemble(text, args.arch))
+            path.with_suffix(".sass").write_text(sass)
+            print(f"{path}: {summary.line()}")
     print(f"{written} kernels written to {out}", file=sys.stderr)
     return 0
 
@@ -290,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ptx.add_argument("--transport", choices=("peer", "multicast"), required=True)
     ptx.add_argument("--no-pdl", action="store_true")
     ptx.add_argument("--out", required=True)
+    ptx.add_argument("--sass", action="store_true", help="also assemble each kernel (ptxas, as Triton ships it) and "
+                     "write its SASS; print its registers, stack bytes, instructions and loop bodies' instructions")
     ptx.set_defaults(run=_ptx)
 
     soak = commands.add_parser("soak", help="many calls with skew between the ranks, every output compared bit for bit "

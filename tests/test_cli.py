@@ -1,6 +1,7 @@
-"""``python -m lamport_mhc {info,demo,ptx}`` as a user runs them."""
+"""``python -m lamport_mhc {info,demo,ptx}`` as a user runs them (``ptx --sass`` too)."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,40 @@ def test_ptx_writes_one_named_file_per_kernel(tmp_path):
     assert "triton_one_kernel_finalize_ll_quant_multicast_tp2_rank0_sm_90a.ptx" in names
     assert "triton_owner_reduce_bt_multicast_tp2_rank0_sm_90a.ptx" in names
     assert "multimem.st" in (tmp_path / "triton_publish_ll_multicast_tp2_rank0_sm_90a.ptx").read_text()
+
+
+def test_ptx_sass_summarizes_what_each_kernel_runs(tmp_path):
+    """With --sass every kernel is also assembled and disassembled: a .sass beside its .ptx, and a line
+    with its registers, stack bytes, instructions and loop bodies. H = 2048 (two chunks of 1024): the
+    parked local consumer walks its chunks in one loop, 64 registers at most, nothing spilled."""
+    result = _run("ptx", "--backend", "triton", "--tp", "1", "--hidden", "2048", "--hc", "4", "--top-k", "2",
+                  "--capacity", "16", "--transport", "peer", "--out", str(tmp_path), "--sass")
+    assert result.returncode == 0, result.stderr
+    lines = {Path(line.split(":")[0]).stem: line for line in result.stdout.splitlines()}
+    assert {p.stem for p in tmp_path.glob("*.sass")} == {p.stem for p in tmp_path.glob("*.ptx")} == set(lines)
+    parked = lines["triton_local_plain_peer_tp1_rank0_sm_90a"]
+    found = re.search(r": (\d+) registers, (\d+) stack bytes, (\d+) instructions, loop bodies \[(\d+)\]$", parked)
+    assert found, parked
+    registers, stack, instructions, loop = map(int, found.groups())
+    assert registers <= 64 and stack == 0 and 200 < loop < instructions
+    assert "FFMA" in (tmp_path / "triton_local_plain_peer_tp1_rank0_sm_90a.sass").read_text()
+
+
+def test_loop_bodies_run_from_a_label_to_the_branch_back():
+    from lamport_mhc.bench.sass import count_instructions
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   FADD R2, R2, R3 ;
+        /*0020*/                   NOP ;
+        /*0030*/              @P0 BRA `(.L_x_0) ;
+        /*0040*/              @P1 BRA `(.L_x_1) ;
+        /*0050*/                   EXIT ;
+.L_x_1:
+        /*0060*/                   BRA `(.L_x_1);
+"""
+    assert count_instructions(sass) == (6, (2,))  # the trailing self-branch is no loop body
 
 
 # The CuTe toolchain: the DSL compiler and FlashInfer (the quant consumer calls its MXFP8 helpers).
