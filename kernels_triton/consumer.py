@@ -65,7 +65,8 @@ from . import lamport, ptx
 
 from .publish import contribution_chunk
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
-                       pairwise_columns, pairwise_of, pairwise_sum, row_of, scale_offset, subtree_roots, ue8m0_scale)
+                       pairwise_columns, pairwise_of, pairwise_sum, row_of, scale_offset, subtree_roots, ue8m0_scale,
+                       widened_pairs)
 
 PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -110,14 +111,16 @@ def _mix_chunk(reduced, residual, post, comb, pre, streams, token, h, in_row, re
     tree's subtrees of a warp each (``subtree_roots``: the chunk's tree goes on across warps later),
     the prenormalized chunk's bf16 bits and the mixed streams' (for ``_store_streams``), having
     parked the chunk (``_park``) if ``PARK``.
-    The streams come as one [BLOCK_HC, CHUNK] tile, each thread holding all its rows, and the mix
-    runs on the tile: as HC separate vectors with scalar weights, ptxas issued two of the streams'
+    The streams come as one tile (``_load_streams``' words), each thread holding all its rows, and the
+    mix runs on the tile: as HC separate vectors with scalar weights, ptxas issued two of the streams'
     loads only when the mix reached them (a second memory latency), 1.3-1.5 us slower at M = 64-128
     on one H200. The weights come as ``_mix_weights`` loaded them."""
     # Post-mix, all targets at once: m[j] = reduced * post[j], then m[j] = fma(res[s], comb[s, j], m[j]).
     mixed = reduced[None, :] * post[:, None]
+    # Widened here, where used: held across a wait or a loop, words take half the registers.
+    residual = widened_pairs(residual, BLOCK_HC, CHUNK // 2)
     for source in tl.static_range(HC):
-        stream = bf16_to_f32(row_of(residual, streams, source).to(tl.int16), ON_GPU)
+        stream = row_of(residual, streams, source).to(tl.float32, bitcast=True)
         if PER_THREAD_WEIGHTS:
             weights = comb[source]
         else:
@@ -343,35 +346,49 @@ def _mix_weights(post_ptr, comb_ptr, pre_ptr, token, streams, in_streams, HC: tl
 
 
 @triton.jit
-def _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED: tl.constexpr):
-    """The token's streams at columns ``h``: one [BLOCK_HC, CHUNK] tile."""
+def _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN: tl.constexpr, HC: tl.constexpr,
+                  BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, STREAMED: tl.constexpr):
+    """The token's streams at chunk ``chunk``: one [BLOCK_HC, CHUNK // 2] tile of words of two bf16
+    (``stream_words``: where each stream's row starts, in words), which ``_mix_chunk`` widens
+    (``widened_pairs``). Loaded as bf16, the tile's int32 view sign-extended every value and the
+    widening repacked each pair, a PRMT a pair where the tile is carried to the next chunk (the
+    prefetch): sm_90a SASS, instructions a chunk of the parked forms of x at H = 4096 / 5120 / 7168
+    plain 405 / 397 / 397 against 378 / 374 / 374 now, the wide twins at 4096 plain / quant 404 / 409
+    against 376 / 379 (and 5120 plain's spill gone). The words past the row are masked off (H even:
+    a word is in the row or past it); where the chunks tile the row and the tile has no padding rows,
+    nothing is masked (a masked load zeroes its registers first)."""
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
-    return tl.load(residual_ptr + tile_rows + h[None, :], mask=in_streams[:, None] & in_row[None, :], other=0,
-                   eviction_policy=LOAD_POLICY).to(tl.int32)
+    w = chunk * (CHUNK // 2) + tl.arange(0, CHUNK // 2)
+    words_ptr = residual_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + stream_words + w[None, :]
+    if (HIDDEN % CHUNK == 0) & (HC == BLOCK_HC):
+        words = tl.load(words_ptr, eviction_policy=LOAD_POLICY)
+    else:
+        words = tl.load(words_ptr, mask=in_streams[:, None] & (w < HIDDEN // 2)[None, :], other=0,
+                        eviction_policy=LOAD_POLICY)
+    return words
 
 
 @triton.jit
-def _chunk_inputs(chunk, token, tile_rows, in_streams, residual_ptr, x_ptr, HIDDEN: tl.constexpr,
-                  CHUNK: tl.constexpr, CHUNKS: tl.constexpr, STREAMED: tl.constexpr):
+def _chunk_inputs(chunk, token, stream_words, in_streams, residual_ptr, x_ptr, HIDDEN: tl.constexpr,
+                  HC: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+                  STREAMED: tl.constexpr):
     """The streams and ``x`` of chunk ``chunk`` (``_take_chunk``'s loads), issued ahead of their use;
     past the row every lane is masked off, so the loop's last prefetch moves nothing. Where the chunks
     tile the row, the loads are not masked (a masked load zeroes its registers first: 10 instructions
     a chunk) and the last prefetch loads the last chunk again instead, from L1."""
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
     if HIDDEN % CHUNK == 0:
-        h = tl.minimum(chunk, CHUNKS - 1) * CHUNK + tl.arange(0, CHUNK)
-        residual = tl.load(residual_ptr + tile_rows + h[None, :], eviction_policy=LOAD_POLICY).to(tl.int32)
-        x = tl.load(x_ptr + token * HIDDEN + h, eviction_policy=LOAD_POLICY)
+        chunk = tl.minimum(chunk, CHUNKS - 1)
+        x = tl.load(x_ptr + token * HIDDEN + chunk * CHUNK + tl.arange(0, CHUNK), eviction_policy=LOAD_POLICY)
     else:
         h = chunk * CHUNK + tl.arange(0, CHUNK)
-        in_row = h < HIDDEN
-        residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
-        x = tl.load(x_ptr + token * HIDDEN + h, mask=in_row, other=0, eviction_policy=LOAD_POLICY)
+        x = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0, eviction_policy=LOAD_POLICY)
+    residual = _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN, HC, BLOCK_HC, CHUNK, STREAMED)
     return residual, x
 
 
 @triton.jit
-def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb, pre, streams, gen, generation,
+def _take_chunk(residual, chunk, token, stream_words, in_streams, post, comb, pre, streams, gen, generation,
                 mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr, weights_ptr,
                 indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN: tl.constexpr, HC: tl.constexpr,
                 TP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr,
@@ -384,7 +401,7 @@ def _take_chunk(residual, chunk, token, tile_rows, in_streams, post, comb, pre, 
     h = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = h < HIDDEN
     if residual is None:
-        residual = _load_streams(residual_ptr, tile_rows, h, in_streams, in_row, STREAMED)
+        residual = _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN, HC, BLOCK_HC, CHUNK, STREAMED)
     if x is None:
         if LOCAL:
             x = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
@@ -466,7 +483,7 @@ def consumer_kernel(
     c = tl.arange(0, CHUNK)
     streams = tl.arange(0, BLOCK_HC)
     in_streams = streams < HC
-    tile_rows = (token * HC + streams[:, None]) * HIDDEN
+    stream_words = (token * HC + streams[:, None]) * (HIDDEN // 2)  # where each stream's row starts, in words
     root_index = tl.arange(0, ROOTS)
     PARTS: tl.constexpr = CHUNK // 256  # a chunk's squares are summed in a part per warp (plan.row_warps)
     token_roots = parked_roots_ptr + token * CHUNKS
@@ -505,9 +522,7 @@ def consumer_kernel(
             generation = tl.load(state_ptr + lamport.STATE_NEXT, volatile=True)
         residual0 = None
         if (PUBLISH == NO_PUBLISH) & COOPERATIVE:  # the one chunk's streams, before the wait
-            h0 = part * CHUNK + c
-            residual0 = tl.load(residual_ptr + tile_rows + h0[None, :],
-                                mask=in_streams[:, None] & (h0 < HIDDEN)[None, :], other=0).to(tl.int32)
+            residual0 = _load_streams(residual_ptr, stream_words, part, in_streams, HIDDEN, HC, BLOCK_HC, CHUNK, False)
         if PUBLISH == NO_PUBLISH:
             ptx.grid_dependency_wait(USE_PDL, ON_GPU)
             generation = tl.load(state_ptr + lamport.STATE_ACTIVE, volatile=True)
@@ -531,7 +546,7 @@ def consumer_kernel(
             # Its one chunk, kept in registers, except when the simulated group runs the normalize
             # as a second launch.
             parts, prenorm, mixed_streams = _take_chunk(
-                residual0, part, token, tile_rows, in_streams, post, comb,
+                residual0, part, token, stream_words, in_streams, post, comb,
                 pre, streams, gen, generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr,
                 x_ptr, gemm2_ptr, weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP,
                 TOP_K, BLOCK_HC, CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, (NORMALIZE_PHASE & PHASES) == 0,
@@ -549,7 +564,7 @@ def consumer_kernel(
                 held = ()
                 for chunk in tl.static_range(CHUNKS):  # the prenormalized row stays in registers
                     parts, prenorm, _ = _take_chunk(
-                        None, chunk, token, tile_rows, in_streams, post, comb, pre, streams, gen,
+                        None, chunk, token, stream_words, in_streams, post, comb, pre, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, PARKED_BYTES, STREAMED, ON_GPU,
@@ -567,16 +582,17 @@ def consumer_kernel(
                 # program's warps need not wait for each other.
                 part_roots = tl.zeros([PARTS, ROOTS], tl.float32)
                 if PREFETCH:
-                    next_residual, next_x = _chunk_inputs(0, token, tile_rows, in_streams, residual_ptr, x_ptr,
-                                                          HIDDEN, CHUNK, CHUNKS, STREAMED)
+                    next_residual, next_x = _chunk_inputs(0, token, stream_words, in_streams, residual_ptr, x_ptr,
+                                                          HIDDEN, HC, BLOCK_HC, CHUNK, CHUNKS, STREAMED)
                 for chunk in range(CHUNKS):  # parked for the second pass
                     residual, x = None, None
                     if PREFETCH:  # the next chunk's loads in flight while this one is mixed
                         residual, x = next_residual, next_x
-                        next_residual, next_x = _chunk_inputs(chunk + 1, token, tile_rows, in_streams, residual_ptr,
-                                                              x_ptr, HIDDEN, CHUNK, CHUNKS, STREAMED)
+                        next_residual, next_x = _chunk_inputs(chunk + 1, token, stream_words, in_streams,
+                                                              residual_ptr, x_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, CHUNKS,
+                                                              STREAMED)
                     parts, _, _ = _take_chunk(
-                        residual, chunk, token, tile_rows, in_streams, post, comb, pre, streams, gen,
+                        residual, chunk, token, stream_words, in_streams, post, comb, pre, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU,

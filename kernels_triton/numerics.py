@@ -27,6 +27,15 @@ def bf16_to_f32(bits, ON_GPU: tl.constexpr):
 
 
 @triton.jit
+def widened_pairs(words, ROWS: tl.constexpr, PAIRS: tl.constexpr):
+    """fp32 bits (int32) of the bf16 values packed two to an int32 in ``words`` ([ROWS, PAIRS], column
+    2k in the low half of word k), as [ROWS, 2 * PAIRS] in column order: a shift or a mask a value,
+    interleaved in each thread's registers. The same integer arithmetic on the GPU and under the
+    interpreter."""
+    return tl.reshape(tl.join(words << 16, words & -65536), (ROWS, 2 * PAIRS))
+
+
+@triton.jit
 def f32_to_bf16(x, ON_GPU: tl.constexpr, ANY_NAN: tl.constexpr = False):
     """fp32 -> bf16 bits (int16), round to nearest even; every NaN becomes 0x7FC0. On the GPU
     ``ptx.bf16x2_rn`` (two values an instruction); the interpreter's cast truncates, so its twin

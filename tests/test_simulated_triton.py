@@ -56,6 +56,17 @@ def test_ll_and_bt_match_the_reference(tp, hidden):
                     assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
 
 
+@pytest.mark.parametrize("tp,hidden,hc", [(1, 1408, 3), (2, 2048, 3), (1, 2048, 2), (2, 1408, 1)])
+def test_fewer_streams_than_the_tile_holds(tp, hidden, hc):
+    """hc = 1, 2 or 3 (the streams' tile padded to a power of two rows, the padding masked off),
+    rows whose chunks tile them (2048) or overhang them (1408), local and mailbox calls: the bits are
+    the reference's."""
+    group = SimulatedGroup(tp, hidden_size=hidden, hc_mult=hc, max_num_tokens=CAPACITY, top_k=TOP_K,
+                           quantize_layer_input=True, residual_only=True, split_rows=SPLIT_ROWS)
+    for call, (m, variant) in enumerate(((1, "plain"), (3, "quant"), (2, "finalize"), (3, "residual"))):
+        check_simulated(group, random_inputs(tp, m, hidden, hc, seed=100 * hc + call, top_k=TOP_K), variant, EPS)
+
+
 def test_generations_cycle_with_m_changing_every_call():
     """30 calls, M, protocol and LL's kernel form changing every call: the generation state rotates
     per protocol."""
