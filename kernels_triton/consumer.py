@@ -46,8 +46,9 @@ Specialized by constexprs:
 - ``STREAMED``: cache hints for the bytes a call moves once: the contribution's inputs and the
   streams are loaded ``evict_first``, the streams out stored ``.cs`` (the layer input, which the
   next GEMM reads, is stored plainly). Which calls take them: ``traffic.STREAMED_ROWS``.
-- ``PREFETCH`` (the parked streaming form of x): each chunk's inputs are loaded while the chunk
-  before is mixed, and gamma a chunk ahead in the second pass (``plan.PARKED_PREFETCH_VARIANTS``).
+- ``PREFETCH`` (the parked streaming form of x, the broad held twin): each chunk's inputs are loaded
+  while the chunk before is mixed, and (parked) gamma a chunk ahead in the second pass
+  (``plan.PARKED_PREFETCH_VARIANTS``).
 - ``PER_THREAD_WEIGHTS``: every thread holds all of the token's mix weights (``_mix_weights``);
   otherwise they are spread over the program's threads. With it, the local cooperative form of x
   (the latency form) stores the mixed streams after the exchange in calls of few rows
@@ -562,13 +563,23 @@ def consumer_kernel(
                 leaders = ptx.table_leaders(part_index)
             if HOLD:
                 held = ()
+                if PREFETCH:
+                    next_residual, next_x = _chunk_inputs(0, token, stream_words, in_streams, residual_ptr, x_ptr,
+                                                          HIDDEN, HC, BLOCK_HC, CHUNK, CHUNKS, STREAMED)
                 for chunk in tl.static_range(CHUNKS):  # the prenormalized row stays in registers
+                    residual, x = None, None
+                    if PREFETCH:  # the next chunk's loads in flight while this one is mixed
+                        residual, x = next_residual, next_x
+                        if chunk + 1 < CHUNKS:
+                            next_residual, next_x = _chunk_inputs(chunk + 1, token, stream_words, in_streams,
+                                                                  residual_ptr, x_ptr, HIDDEN, HC, BLOCK_HC, CHUNK,
+                                                                  CHUNKS, STREAMED)
                     parts, prenorm, _ = _take_chunk(
-                        None, chunk, token, stream_words, in_streams, post, comb, pre, streams, gen,
+                        residual, chunk, token, stream_words, in_streams, post, comb, pre, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, False, PARKED_BYTES, STREAMED, ON_GPU,
-                        PER_THREAD_WEIGHTS)
+                        PER_THREAD_WEIGHTS, x)
                     held = held + (prenorm,)
                     if ROOTS_TABLE_BYTES > 0:  # joined once the row is done, as the parked forms do
                         ptx.table_part(parts, leaders, table + 4 * (chunk * PARTS + part_index))

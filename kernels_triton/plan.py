@@ -206,8 +206,10 @@ def broad_chunk(hidden: int, variant: str) -> int | None:
 # it spans at most BROAD_HELD_MAX_CHUNKS of them, each warp's part of a chunk's sum of squares joined
 # through a roots table (one CTA barrier a row), every mix weight in every thread, the registers the
 # compiler's choice, hinted and not: the shape of the strong tail's wide form (one program an SM,
-# every load of the row in flight at once), which the benchmark's strong tail took at M = 32-128 at
-# H = 4096 and 100-128 at 5120 on one H200, where the fused forms were 5-10% slower. The calls it
+# a chunk's loads all in flight at once), which the benchmark's strong tail took at M = 100-128 at
+# H = 7168 (and quant at 4096 and 5120 M = 100) on one H200, where the fused forms were 5-10%
+# slower. Unlike that form it issues the second chunk's loads before it mixes the first (``PREFETCH``,
+# sm_90a SASS at H = 7168: the strong form issues them after the first chunk's stores). The calls it
 # takes: ``backend.LOCAL_X_BROAD_HELD_ROWS_PER_SM``.
 BROAD_HELD_VARIANTS = ("plain", "quant")
 BROAD_HELD_MAX_CHUNKS = 2
@@ -338,7 +340,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                         tabled = local_streaming and (parked_bytes > 0 or (broad_held_form and on_gpu))
                         table_bytes = roots_table_bytes(form_chunks, form_chunk) if tabled else 0
                         parks_x = parks and local_streaming and of_x  # the parked streaming consumer of x
-                        prefetch = parks_x and variant in PARKED_PREFETCH_VARIANTS
+                        prefetch = (parks_x or broad_held_form) and variant in PARKED_PREFETCH_VARIANTS
                         per_thread_weights = latency_form or broad_held_form or (
                             parks_x and variant in PER_THREAD_WEIGHTS_VARIANTS)
                         # The held twin runs from HELD_MIN_ROWS rows, past the hinted window; the broad

@@ -271,12 +271,14 @@ def test_rows_park_in_shared_memory_on_the_gpu_only_up_to_its_bound():
 
 @pytest.mark.parametrize("hidden", [4096, 5120, 7168])
 def test_only_parked_consumers_of_x_of_the_prefetching_variants_prefetch(hidden):
-    """The parked streaming consumers of x and their wide and broad twins (hinted or not), of the prefetching
-    variants; each also holds every mix weight in every thread. Nothing else prefetches."""
+    """The parked streaming consumers of x and their wide and broad twins (hinted or not), and the
+    broad held twins, of the prefetching variants; each also holds every mix weight in every thread.
+    Nothing else prefetches."""
     spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True)
     instances = plan.kernel_plan(spec)
     prefetching = {name for name, instance in instances.items() if instance.constexprs.get("PREFETCH")}
-    assert prefetching == {name for variant in plan.PARKED_PREFETCH_VARIANTS for form in ("", "_wide", "_broad")
+    assert prefetching == {name for variant in plan.PARKED_PREFETCH_VARIANTS
+                           for form in ("", "_wide", "_broad", "_broad_held")
                            for twin in ("", "_streamed") if (name := f"local_{variant}{form}{twin}") in instances}
     assert {"local_plain", "local_plain_wide", "local_quant"} <= prefetching
     assert all(instances[name].constexprs["PER_THREAD_WEIGHTS"] for name in prefetching)
@@ -437,7 +439,8 @@ def test_bf16_rounding_is_one_conversion_a_pair(build):
 def test_broad_held_twins_hold_the_row_in_chunks_four_times_as_wide():
     """The local consumer of x of the plain and quant variants has a ``_broad_held`` twin (and its
     hinted one) where the row fills a chunk four times its own and spans at most two: 16 warps, the
-    row held, every mix weight in every thread, the registers the compiler's choice, no prefetch. Its
+    row held, the second chunk's loads issued before the first is mixed, every mix weight in every
+    thread, the registers the compiler's choice. Its
     only shared array is the roots table: a lane of each warp stores the warp's part of each chunk's
     sum of squares there, and one CTA barrier later every thread joins them."""
     assert [plan.broad_held_chunk(h, "plain") for h in (1408, 2048, 4096, 5120, 7168, 8192, 9216)] == [
@@ -453,7 +456,7 @@ def test_broad_held_twins_hold_the_row_in_chunks_four_times_as_wide():
             assert instance.num_warps == 16 and instance.max_registers is None, name
             assert (constexprs["CHUNK"], constexprs["CHUNKS"], constexprs["HOLD"]) == (4096, chunks, True), name
             assert constexprs["PARKED_BYTES"] == constexprs["ROOTS_TABLE_BYTES"] == plan.roots_table_bytes(chunks, 4096)
-            assert constexprs["PER_THREAD_WEIGHTS"] and not constexprs["PREFETCH"], name
+            assert constexprs["PER_THREAD_WEIGHTS"] and constexprs["PREFETCH"], name
             assert constexprs["STREAMED"] == name.endswith("_streamed"), name
         # The interpreter's held forms join their roots as they go: no table.
         interpreted = plan.kernel_plan(spec, on_gpu=False)
