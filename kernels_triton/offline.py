@@ -17,19 +17,23 @@ def parse_arch(arch: str) -> int:
 
 def compile_ptx(spec: BuildSpec, arch: str = "sm_90a") -> dict[str, str]:
     """PTX of every kernel of the build, keyed by the plan's names."""
+    return {name: compile_kernel(instance.fn, instance.signature, instance.constexprs, instance.options, arch,
+                                 launch_pdl=spec.use_pdl)
+            for name, instance in kernel_plan(spec, on_gpu=True).items()}
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict, options: dict, arch: str = "sm_90a",
+                   launch_pdl: bool = True) -> str:
+    """PTX of one Triton kernel: ``signature`` its runtime arguments' types, every pointer taken as
+    16-byte aligned (what the launcher's specialization sees at run time)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     target = GPUTarget("cuda", parse_arch(arch), 32)
-    ptx = {}
-    for name, instance in kernel_plan(spec, on_gpu=True).items():
-        signature = dict(instance.signature)
-        signature.update({key: "constexpr" for key in instance.constexprs})
-        # What the launcher's specialization sees at run time: every buffer is 16-byte aligned.
-        aligned = {(instance.fn.arg_names.index(arg),): [["tt.divisibility", 16]]
-                   for arg, kind in instance.signature.items() if kind.startswith("*")}
-        source = ASTSource(fn=instance.fn, signature=signature, constexprs=instance.constexprs, attrs=aligned)
-        compiled = triton.compile(source, target=target, options={**instance.options, "launch_pdl": spec.use_pdl})
-        ptx[name] = compiled.asm["ptx"]
-    return ptx
+    full_signature = dict(signature)
+    full_signature.update({key: "constexpr" for key in constexprs})
+    aligned = {(fn.arg_names.index(arg),): [["tt.divisibility", 16]]
+               for arg, kind in signature.items() if kind.startswith("*")}
+    source = ASTSource(fn=fn, signature=full_signature, constexprs=constexprs, attrs=aligned)
+    return triton.compile(source, target=target, options={**options, "launch_pdl": launch_pdl}).asm["ptx"]

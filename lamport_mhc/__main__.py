@@ -52,7 +52,6 @@ def _ptx(args) -> int:
     from pathlib import Path
 
     from .backend import BuildSpec, Support, load_backend
-    from .bench.sass import assemble, disassemble
 
     backend = load_backend(args.backend)
     if isinstance(backend, Support):
@@ -67,17 +66,33 @@ def _ptx(args) -> int:
                          ll_one_kernel_rows=args.capacity,
                          transport=args.transport, use_pdl=not args.no_pdl)
         for name, text in backend.compile_offline(spec, args.arch).items():
-            path = out / f"{args.backend}_{name}_{args.transport}_tp{args.tp}_rank{rank}_{args.arch}.ptx"
-            path.write_text(text)
+            _write_kernel(out / f"{args.backend}_{name}_{args.transport}_tp{args.tp}_rank{rank}_{args.arch}.ptx", text,
+                          args)
             written += 1
-            if not args.sass:
-                print(path)
-                continue
-            sass, summary = disassemble(assemble(text, args.arch))
-            path.with_suffix(".sass").write_text(sass)
-            print(f"{path}: {summary.line()}")
+    if args.strong:
+        from .bench.strong_tail import STRATEGIES, StrongTail
+
+        for quantize in (False, True) if args.hidden % 128 == 0 else (False,):
+            for strategy in STRATEGIES:
+                for name, text in StrongTail(args.hidden, args.hc, quantize, strategy=strategy).compile_offline(
+                        args.arch).items():
+                    _write_kernel(out / f"{name}_{args.arch}.ptx", text, args)
+                    written += 1
     print(f"{written} kernels written to {out}", file=sys.stderr)
     return 0
+
+
+def _write_kernel(path, ptx: str, args) -> None:
+    """Write a kernel's PTX (and with ``--sass`` its SASS) and print what was written."""
+    from .bench.sass import assemble, disassemble
+
+    path.write_text(ptx)
+    if not args.sass:
+        print(path)
+        return
+    sass, summary = disassemble(assemble(ptx, args.arch))
+    path.with_suffix(".sass").write_text(sass)
+    print(f"{path}: {summary.line()}")
 
 
 def _presets(args) -> int:
@@ -296,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     ptx.add_argument("--transport", choices=("peer", "multicast"), required=True)
     ptx.add_argument("--no-pdl", action="store_true")
     ptx.add_argument("--out", required=True)
+    ptx.add_argument("--strong", action="store_true", help="also the benchmark's strong tail in every form "
+                     "(lamport_mhc.bench.strong_tail), plain and quant, at the same H and hc: what the fused kernels "
+                     "are measured against")
     ptx.add_argument("--sass", action="store_true", help="also assemble each kernel (ptxas, as Triton ships it) and "
                      "write its SASS; print its registers, stack bytes, instructions and loop bodies' instructions")
     ptx.set_defaults(run=_ptx)

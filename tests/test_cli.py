@@ -46,19 +46,28 @@ def test_ptx_writes_one_named_file_per_kernel(tmp_path):
 
 def test_ptx_sass_summarizes_what_each_kernel_runs(tmp_path):
     """With --sass every kernel is also assembled and disassembled: a .sass beside its .ptx, and a line
-    with its registers, stack bytes, instructions and loop bodies. H = 2048 (two chunks of 1024): the
-    parked local consumer walks its chunks in one loop, 64 registers at most, nothing spilled."""
+    with its registers, stack bytes, instructions and loop bodies; with --strong the benchmark's strong
+    tail too, every form, plain and quant. H = 2048: the parked local consumer walks its two chunks of
+    1024 in one loop; it and the strong tail's looped form (one piece of 2048, no loop) take 64
+    registers at most and spill nothing."""
     result = _run("ptx", "--backend", "triton", "--tp", "1", "--hidden", "2048", "--hc", "4", "--top-k", "2",
-                  "--capacity", "16", "--transport", "peer", "--out", str(tmp_path), "--sass")
+                  "--capacity", "16", "--transport", "peer", "--out", str(tmp_path), "--sass", "--strong")
     assert result.returncode == 0, result.stderr
     lines = {Path(line.split(":")[0]).stem: line for line in result.stdout.splitlines()}
     assert {p.stem for p in tmp_path.glob("*.sass")} == {p.stem for p in tmp_path.glob("*.ptx")} == set(lines)
-    parked = lines["triton_local_plain_peer_tp1_rank0_sm_90a"]
-    found = re.search(r": (\d+) registers, (\d+) stack bytes, (\d+) instructions, loop bodies \[(\d+)\]$", parked)
-    assert found, parked
-    registers, stack, instructions, loop = map(int, found.groups())
-    assert registers <= 64 and stack == 0 and 200 < loop < instructions
-    assert "FFMA" in (tmp_path / "triton_local_plain_peer_tp1_rank0_sm_90a.sass").read_text()
+    from lamport_mhc.bench.strong_tail import STRATEGIES
+
+    strong = {stem for stem in lines if stem.startswith("strong_")}
+    assert len(strong) == 2 * (len(STRATEGIES) + sum(s.startswith("split") for s in STRATEGIES))  # split: mix + norm
+    for stem, loops in (("triton_local_plain_peer_tp1_rank0_sm_90a", r"\[(\d+)\]"),
+                        ("strong_looped_streamed_quant_sm_90a", r"\[\]()")):
+        found = re.search(r": (\d+) registers, (\d+) stack bytes, (\d+) instructions, loop bodies " + loops + "$",
+                          lines[stem])
+        assert found, lines[stem]
+        registers, stack, instructions = map(int, found.groups()[:3])
+        assert registers <= 64 and stack == 0 and instructions > 400, stem
+        assert not found.group(4) or 200 < int(found.group(4)) < instructions, stem
+        assert "FFMA" in (tmp_path / f"{stem}.sass").read_text()
 
 
 def test_loop_bodies_run_from_a_label_to_the_branch_back():

@@ -116,9 +116,25 @@ class StrongTail:
         self.parked_bytes = 2 * hidden if self.form == "looped" and not interpret else 0
         self.scale_cols_p2 = 1 << max(0, (hidden // 32 - 1).bit_length())
 
-    def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
+    def kernels(self) -> list[tuple[object, int, dict, int]]:
+        """(kernel, warps, constexprs, register cap; 0: the compiler's) of each kernel a call
+        launches, in order (the split form: the mix, then the norm)."""
         from .strong_tail_kernels import looped_tail_kernel, strong_tail_kernel, tail_mix_kernel, tail_norm_kernel
 
+        row = dict(HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
+                   SCALE_COLS_P2=self.scale_cols_p2, STREAMED=self.streamed, INTERPRETED=self.interpret)
+        if self.form == "looped":
+            return [(looped_tail_kernel, self.warps, dict(row, PARKED_BYTES=self.parked_bytes, NUM_WARPS=self.warps),
+                     LOOPED_MAX_REGISTERS)]
+        if self.form in ("row", "held", "wide"):
+            return [(strong_tail_kernel, self.warps, dict(row, HOLD=self.form in ("held", "wide")), 0)]
+        return [(tail_mix_kernel, self.num_warps,
+                 dict(HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, STREAMED=self.streamed), 0),
+                (tail_norm_kernel, self.num_warps,
+                 dict(HIDDEN=self.hidden, CHUNK=self.chunk, QUANT=self.quantize,
+                      PIECES_P2=1 << max(0, (self.pieces - 1).bit_length()), INTERPRETED=self.interpret), 0)]
+
+    def __call__(self, reduced, residual, post, comb, pre, weight, eps, residual_out, layer_input, mxfp8=None):
         m = reduced.shape[0]
         if (mxfp8 is not None) != self.quantize:
             raise ValueError("mxfp8 buffers are given exactly when the tail was built with quantize=True")
@@ -132,29 +148,43 @@ class StrongTail:
         else:
             values = scales = layer_input  # unused pointers
             rows = m
-        if self.form == "looped":
-            _launch(looped_tail_kernel, (rows,), self.interpret, self.warps,
+        launches = self.kernels()
+        if self.form in ("looped", "row", "held", "wide"):
+            (kernel, warps, constexprs, max_registers), = launches
+            _launch(kernel, (rows,), self.interpret, warps,
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
-                    HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
-                    SCALE_COLS_P2=self.scale_cols_p2, STREAMED=self.streamed, INTERPRETED=self.interpret,
-                    PARKED_BYTES=self.parked_bytes, NUM_WARPS=self.warps, extra_shared=self.parked_bytes,
-                    max_registers=LOOPED_MAX_REGISTERS)
+                    extra_shared=self.parked_bytes, max_registers=max_registers, **constexprs)
             return
-        if self.form in ("row", "held", "wide"):
-            hold = self.form in ("held", "wide")
-            _launch(strong_tail_kernel, (rows,), self.interpret, self.warps,
-                    reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
-                    HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, QUANT=self.quantize,
-                    SCALE_COLS_P2=self.scale_cols_p2, HOLD=hold, STREAMED=self.streamed, INTERPRETED=self.interpret)
-            return
+        (mix, mix_warps, mix_constexprs, _), (norm, norm_warps, norm_constexprs, _) = launches
         partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
-        _launch(tail_mix_kernel, (m, self.pieces), self.interpret, self.num_warps,
-                reduced, residual, post, comb, pre, residual_out, layer_input, partial,
-                HIDDEN=self.hidden, HC=self.hc, CHUNK=self.chunk, STREAMED=self.streamed)
-        _launch(tail_norm_kernel, (rows, self.pieces), self.interpret, self.num_warps,
-                layer_input, weight, partial, values, scales, m, eps, HIDDEN=self.hidden, CHUNK=self.chunk,
-                QUANT=self.quantize, PIECES_P2=1 << max(0, (self.pieces - 1).bit_length()),
-                INTERPRETED=self.interpret)
+        _launch(mix, (m, self.pieces), self.interpret, mix_warps,
+                reduced, residual, post, comb, pre, residual_out, layer_input, partial, **mix_constexprs)
+        _launch(norm, (rows, self.pieces), self.interpret, norm_warps,
+                layer_input, weight, partial, values, scales, m, eps, **norm_constexprs)
+
+    def compile_offline(self, arch: str = "sm_90a") -> dict[str, str]:
+        """PTX of each kernel a call launches on the GPU (PDL on, as ``_launch`` runs them), keyed
+        ``strong_{strategy}_{plain|quant}`` (the split form: ``_mix`` and ``_norm``), for comparing
+        what each side runs without a GPU (``python -m lamport_mhc ptx --strong``)."""
+        from kernels_triton.offline import compile_kernel
+
+        if self.interpret:
+            raise ValueError("compile a tail built for the GPU (interpret=False)")
+        variant = "quant" if self.quantize else "plain"
+        strategy = self.form + ("-streamed" if self.streamed else "")
+        types = dict(reduced_ptr="*bf16", residual_ptr="*bf16", post_ptr="*fp32", comb_ptr="*fp32", pre_ptr="*fp32",
+                     weight_ptr="*bf16", residual_out_ptr="*bf16", layer_ptr="*bf16", partial_ptr="*fp32",
+                     values_ptr="*fp8e4nv" if self.quantize else "*bf16", scales_ptr="*u8" if self.quantize else "*bf16",
+                     m="i32", eps="fp32")
+        launches = self.kernels()
+        ptx = {}
+        for kernel, warps, constexprs, max_registers in launches:
+            suffix = "" if len(launches) == 1 else "_mix" if kernel is launches[0][0] else "_norm"
+            signature = {arg: types[arg] for arg in kernel.arg_names if arg in types}
+            options = dict(num_warps=warps, **({"maxnreg": max_registers} if max_registers else {}))
+            ptx[f"strong_{strategy.replace('-', '_')}_{variant}{suffix}"] = compile_kernel(
+                kernel, signature, dict(constexprs, PDL=True), options, arch, launch_pdl=True)
+        return ptx
 
 
 class StrongFinalize:
