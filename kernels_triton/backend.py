@@ -362,7 +362,8 @@ class TritonKernels:
         def in_window(windows):
             return local_x and any(lo < m <= hi for lo, hi in windows[variant])
 
-        broad_held = ((in_window(self.local_x_broad_held_windows) or in_window(self.local_x_hinted_broad_held_windows))
+        hinted_broad_held = in_window(self.local_x_hinted_broad_held_windows)
+        broad_held = ((hinted_broad_held or in_window(self.local_x_broad_held_windows))
                       and f"{name}_broad_held" in self.plan)
         broad = not broad_held and in_window(self.local_x_broad_windows) and f"{name}_broad" in self.plan
         split = 1 if broad or broad_held else self._split(m, waits_for_twins, (variant, local_x) if local else None)
@@ -377,8 +378,7 @@ class TritonKernels:
         if form == "_split" and capped and f"{name}_capped" in self.plan:
             name += "_capped"
         hinted_wide = form == "_wide" and local_x and m <= self.local_x_hinted_wide_rows[variant]
-        hinted_broad_held = broad_held and in_window(self.local_x_hinted_broad_held_windows)
-        if (streamed or hinted_wide or hinted_broad_held) and form in ("", "_wide", "_broad_held"):
+        if (streamed or hinted_wide or (broad_held and hinted_broad_held)) and form in ("", "_wide", "_broad_held"):
             name += "_streamed"
         if not self.interpret:
             if phases != "both":

@@ -620,26 +620,23 @@ def consumer_kernel(
         if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE & (not ON_GPU):
             tl.store(token_roots + part, pairwise_sum(parts, PARTS))
         if NORMALIZE & (not COOPERATIVE):
+            # The parked row and the roots table (a lane of every warp's parts) are read by every thread.
+            if (ROOTS_TABLE_BYTES > 0) | (not HOLD):
+                tl.debug_barrier()
+            if ROOTS_TABLE_BYTES > 0:
+                total = _tabled_sum_of_squares(table, CHUNKS, ROOTS, PARTS)
+            else:
+                total = pairwise_sum(roots, ROOTS)
+            inv_rms = _inverse_rms_of(total, eps, HIDDEN)
             if HOLD:
-                if ROOTS_TABLE_BYTES > 0:
-                    tl.debug_barrier()  # the roots table, written by a lane of every warp, is read by every thread
-                    inv_rms = _inverse_rms_of(_tabled_sum_of_squares(table, CHUNKS, ROOTS, PARTS), eps, HIDDEN)
-                else:
-                    inv_rms = _inverse_rms(roots, eps, HIDDEN, ROOTS)
                 for chunk in tl.static_range(CHUNKS):
                     h = chunk * CHUNK + c
                     _normalize_chunk(held[chunk], tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0), inv_rms, token,
                                      num_tokens, chunk, h, h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
                                      CHUNK, VARIANT, ON_GPU)
             else:
-                tl.debug_barrier()  # the parked row (and roots table), written by every thread, is read by every thread
-                if ROOTS_TABLE_BYTES > 0:
-                    total = _tabled_sum_of_squares(table, CHUNKS, ROOTS, PARTS)
-                else:
-                    total = pairwise_sum(roots, ROOTS)
-                _normalize_row(_inverse_rms_of(total, eps, HIDDEN), token, num_tokens, gamma_ptr, layer_out_ptr,
-                               values_ptr, scales_ptr, HIDDEN, CHUNK, CHUNKS, VARIANT, PARKED_BYTES, ON_GPU, PREFETCH,
-                               area)
+                _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
+                               CHUNK, CHUNKS, VARIANT, PARKED_BYTES, ON_GPU, PREFETCH, area)
 
     if NORMALIZE & COOPERATIVE:
         h = part * CHUNK + c

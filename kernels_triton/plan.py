@@ -292,7 +292,8 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
     hints (``traffic.STREAMED_ROWS``), a ``_wide`` one for rows of two or more chunks (``wide_chunk``)
     and those of x with rows of up to 7 chunks a ``_held`` twin for calls of at least ``HELD_MIN_ROWS``
     rows where the wide twin does not take those calls (``_row_forms``: quant at H = 5120); the plain
-    one of x a ``_broad`` twin where ``broad_chunk`` gives it one (H = 7168)."""
+    one of x a ``_broad`` twin where ``broad_chunk`` gives it one (H = 7168), and the plain and quant
+    ones of x a ``_broad_held`` twin where ``broad_held_chunk`` does (H = 4096, 5120, 7168)."""
     multicast = spec.transport == "multicast"
     common = dict(HIDDEN=spec.hidden, TP=spec.tp, ON_GPU=on_gpu, USE_PDL=spec.use_pdl and on_gpu)
     chunk, chunks = row_chunks(spec.hidden)

@@ -165,12 +165,16 @@ def load_area_16b(address):
                                      args=[address], dtype=tl.int16, is_pure=False, pack=8)
 
 
-# The lane that stores each warp's part: the lowest of the lanes that hold it (Triton replicates a
-# warp's value over its lanes).
-TABLE_LEADER_ASM = tl.constexpr(
-    "{ .reg .pred leader; .reg .b32 lane, holders, lowest; "
-    "mov.u32 lane, %laneid; match.any.sync.b32 holders, $1, 0xffffffff; brev.b32 holders, holders; "
-    "bfind.shiftamt.u32 lowest, holders; setp.eq.u32 leader, lane, lowest; selp.u32 $0, 1, 0, leader; }")
+def _leader_asm(part: str) -> str:
+    """PTX setting the predicate ``leader`` (registers ``lane``, ``holders``, ``lowest`` declared
+    around it) in the lane that stores a warp's ``part``: the lowest of the lanes that hold it
+    (Triton replicates a warp's value over its lanes)."""
+    return (f"mov.u32 lane, %laneid; match.any.sync.b32 holders, {part}, 0xffffffff; brev.b32 holders, holders; "
+            "bfind.shiftamt.u32 lowest, holders; setp.eq.u32 leader, lane, lowest; ")
+
+
+TABLE_LEADER_ASM = tl.constexpr("{ .reg .pred leader; .reg .b32 lane, holders, lowest; " + _leader_asm("$1")
+                                + "selp.u32 $0, 1, 0, leader; }")
 
 
 @triton.jit
@@ -235,9 +239,7 @@ def _exchange_parts_asm(ranks: int, parts: int, on_mbarrier: bool = False) -> st
     reads = "".join(f"ld.shared.v4.b32 {{${i}, ${i + 1}, ${i + 2}, ${i + 3}}}, [cluster_parts+{4 * i}]; "
                     for i in range(0, slots, 4))
     return (f"{{ .shared .align 16 .b32 cluster_parts[{slots}]; .reg .pred leader, q, done; "
-            ".reg .b32 own, remote, rbar, lane, holders, lowest; "
-            f"mov.u32 lane, %laneid; match.any.sync.b32 holders, {part}, 0xffffffff; brev.b32 holders, holders; "
-            "bfind.shiftamt.u32 lowest, holders; setp.eq.u32 leader, lane, lowest; "
+            ".reg .b32 own, remote, rbar, lane, holders, lowest; " + _leader_asm(part) +
             f"mad.lo.u32 own, {rank}, {parts}, {part}; shl.b32 own, own, 2; mov.u32 remote, cluster_parts; "
             "add.u32 own, own, remote; "
             "barrier.cluster.wait; " + pushes + arrived + reads + "}")
