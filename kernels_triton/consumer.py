@@ -310,6 +310,8 @@ def _tabled_sum_of_squares(table, CHUNKS: tl.constexpr, ROOTS: tl.constexpr, PAR
     barrier): the slots, [chunk][part], are the subtrees of the contract's tree in order, the chunks
     past the row's +0 roots."""
     SLOTS: tl.constexpr = CHUNKS * PARTS
+    if ROOTS * PARTS <= 32:  # within a warp: a load and a butterfly a level, no layout shuffles
+        return ptx.table_sum(table, SLOTS, ROOTS * PARTS)
     slots = tl.arange(0, ROOTS * PARTS)
     parts = ptx.load_area_f32(table + 4 * tl.minimum(slots, SLOTS - 1))
     return pairwise_sum(tl.where(slots < SLOTS, parts, 0.0), ROOTS * PARTS)
@@ -325,17 +327,16 @@ def _mix_weights(post_ptr, comb_ptr, pre_ptr, token, streams, in_streams, HC: tl
     registers, but each use gathers a source's weights across warps: a shared-memory round trip and
     two barriers."""
     if PER_THREAD_WEIGHTS:
-        post = tl.zeros(streams.shape, tl.float32)
-        for target in tl.static_range(HC):
-            post = tl.where(streams == target, tl.load(post_ptr + token * HC + target), post)
+        # A token's post, pre and each source's comb row are HC consecutive floats: one 16-byte load
+        # each at hc = 4 (24 scalar loads took 18 instructions more a row), pre's split into scalars
+        # in registers.
+        post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
         comb = ()
-        pre = ()
         for source in tl.static_range(HC):
-            column = tl.zeros(streams.shape, tl.float32)
-            for target in tl.static_range(HC):
-                column = tl.where(streams == target, tl.load(comb_ptr + (token * HC + source) * HC + target), column)
-            comb = comb + (column,)
-            pre = pre + (tl.load(pre_ptr + token * HC + source) if NORM else 0.0,)
+            comb = comb + (tl.load(comb_ptr + (token * HC + source) * HC + streams, mask=in_streams, other=0.0),)
+        pre = ()
+        for target in tl.static_range(HC):
+            pre = pre + (tl.load(pre_ptr + token * HC + target) if NORM else 0.0,)
     else:
         post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
         comb = tl.load(comb_ptr + (token * HC + streams[:, None]) * HC + streams[None, :],
@@ -373,17 +374,19 @@ def _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN: tl.cons
 def _chunk_inputs(chunk, token, stream_words, in_streams, residual_ptr, x_ptr, HIDDEN: tl.constexpr,
                   HC: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
                   STREAMED: tl.constexpr):
-    """The streams and ``x`` of chunk ``chunk`` (``_take_chunk``'s loads), issued ahead of their use;
+    """The streams and ``x`` of chunk ``chunk`` (``_take_chunk``'s loads), issued ahead of their use,
+    both as words of two bf16 (carried to the next chunk as int16, x took a PRMT a pair there);
     past the row every lane is masked off, so the loop's last prefetch moves nothing. Where the chunks
     tile the row, the loads are not masked (a masked load zeroes its registers first: 10 instructions
     a chunk) and the last prefetch loads the last chunk again instead, from L1."""
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
+    x_words_ptr = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (HIDDEN // 2)
     if HIDDEN % CHUNK == 0:
         chunk = tl.minimum(chunk, CHUNKS - 1)
-        x = tl.load(x_ptr + token * HIDDEN + chunk * CHUNK + tl.arange(0, CHUNK), eviction_policy=LOAD_POLICY)
+        x = tl.load(x_words_ptr + chunk * (CHUNK // 2) + tl.arange(0, CHUNK // 2), eviction_policy=LOAD_POLICY)
     else:
-        h = chunk * CHUNK + tl.arange(0, CHUNK)
-        x = tl.load(x_ptr + token * HIDDEN + h, mask=h < HIDDEN, other=0, eviction_policy=LOAD_POLICY)
+        w = chunk * (CHUNK // 2) + tl.arange(0, CHUNK // 2)
+        x = tl.load(x_words_ptr + w, mask=w < HIDDEN // 2, other=0, eviction_policy=LOAD_POLICY)
     residual = _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN, HC, BLOCK_HC, CHUNK, STREAMED)
     return residual, x
 
@@ -398,12 +401,14 @@ def _take_chunk(residual, chunk, token, stream_words, in_streams, post, comb, pr
                 PER_THREAD_WEIGHTS: tl.constexpr, x=None, STORE_STREAMS: tl.constexpr = True, area=None):
     """The first pass over chunk ``chunk`` of the token: its reduced row (the contribution itself, or
     the mailbox's) and its streams (``residual``, unless loaded already), mixed by ``_mix_chunk``;
-    ``x``: the contribution's bits, where loaded already (``_chunk_inputs``)."""
+    ``x``: the contribution's words, where loaded already (``_chunk_inputs``)."""
     h = chunk * CHUNK + tl.arange(0, CHUNK)
     in_row = h < HIDDEN
     if residual is None:
         residual = _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN, HC, BLOCK_HC, CHUNK, STREAMED)
-    if x is None:
+    if x is not None:
+        reduced = widened_pairs(x[None, :], 1, CHUNK // 2).reshape(CHUNK).to(tl.float32, bitcast=True)
+    else:
         if LOCAL:
             x = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
                                    PUBLISH == PUBLISH_FINALIZE, ON_GPU, STREAMED,
@@ -411,7 +416,7 @@ def _take_chunk(residual, chunk, token, stream_words, in_streams, post, comb, pr
         else:
             x = _reduced_chunk(mailbox_ptr, gen, token, h, in_row, timeout_ns, error_ptr, generation, capacity, TP,
                                HIDDEN, REDUCED, ON_GPU)
-    reduced = bf16_to_f32(x, ON_GPU)
+        reduced = bf16_to_f32(x, ON_GPU)
     if LOCAL:
         if PUBLISH == PUBLISH_X:
             # x's -0.0 becomes +0.0 in fp32, adding +0.0 (exact for every other value): one add a value

@@ -194,6 +194,28 @@ def table_part(value, leader, address):
                               is_pure=False, pack=1)
 
 
+@triton.constexpr_function
+def _table_sum_asm(slots, width):
+    steps = "".join(f"shfl.sync.bfly.b32 other, total, {step}, 0x1f, 0xffffffff; add.rn.f32 total, total, other; "
+                    for step in (1 << level for level in range(width.bit_length() - 1)))
+    return ("{ .reg .pred in_table; .reg .b32 slot, total, other; mov.u32 slot, %laneid; "
+            f"and.b32 slot, slot, {width - 1}; setp.lt.u32 in_table, slot, {slots}; mov.b32 total, 0f00000000; "
+            "shl.b32 slot, slot, 2; add.u32 slot, slot, $1; @in_table ld.shared.b32 total, [slot]; "
+            + steps + "mov.b32 $0, total; }")
+
+
+@triton.jit
+def table_sum(table, SLOTS: tl.constexpr, WIDTH: tl.constexpr):
+    """The contract's tree of adjacent pairs over the roots table's SLOTS fp32 slots at the shared
+    address ``table`` (behind a CTA barrier), padded with +0.0 to WIDTH (a power of two, at most a
+    warp's lanes): lane l loads slot l mod WIDTH and butterflies join aligned groups of 2, 4, ...
+    lanes, the tree's levels in order (an IEEE add gives the same bits either way round, NaN
+    included: the hardware's NaN is canonical). Every lane gets the sum. GPU only."""
+    tl.static_assert(WIDTH <= 32, "the table is joined within a warp")
+    return tl.inline_asm_elementwise(_table_sum_asm(SLOTS, WIDTH), "=r,r", args=[table], dtype=tl.float32,
+                                     is_pure=False, pack=1)
+
+
 @triton.jit
 def load_area_f32(address):
     """The fp32 values ``table_part`` stored at ``address`` (behind a CTA barrier). GPU only."""

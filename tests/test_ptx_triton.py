@@ -252,10 +252,16 @@ def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
             assert bool(_ops(text, r"match\.any\.sync\.b32")) == tabled, name
         assert "%dynamic_smem_size" not in text, name
         assert not _ops(text, r"ld\.global\.cg"), name
-        # One barrier a row where the table fits a warp's lanes (H <= 8192; spread weights are
-        # gathered through barriers of their own).
-        if tabled and constexprs["PER_THREAD_WEIGHTS"] and constexprs["ROOTS"] * warps <= 32:
-            assert text.count("bar.sync") == 1, name
+        # Where the table fits a warp's lanes (H <= 8192): one barrier a row (spread weights are
+        # gathered through barriers of their own), then one load of a slot a lane and a butterfly a
+        # level of the tree.
+        if tabled and constexprs["ROOTS"] * warps <= 32:
+            if constexprs["PER_THREAD_WEIGHTS"]:
+                assert text.count("bar.sync") == 1, name
+            assert text.count("@in_table ld.shared.b32") == 1, name
+            levels = (constexprs["ROOTS"] * warps).bit_length() - 1
+            assert [int(step) for step in re.findall(r"shfl\.sync\.bfly\.b32 other, total, (\d+),", text)] == [
+                1 << level for level in range(levels)], name
     assert parking, "every build has a streaming consumer that parks"
 
 
