@@ -224,10 +224,10 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
 
 
 @triton.jit
-def _normalize_chunk(prenorm_bits, gamma_bits, inv_rms, token, num_tokens, chunk, h, in_row, layer_out_ptr,
+def _normalize_chunk(prenorm_bits, gamma, inv_rms, token, num_tokens, chunk, h, in_row, layer_out_ptr,
                      values_ptr, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
                      ON_GPU: tl.constexpr, PER_WARP: tl.constexpr = False):
-    """Normalize one chunk and store it (and its MXFP8 copy). ``inv_rms``: a scalar, or with
+    """Normalize one chunk and store it (and its MXFP8 copy); ``gamma``: its fp32 values. ``inv_rms``: a scalar, or with
     ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each scaling the warp's columns."""
     prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
     if PER_WARP:
@@ -235,7 +235,7 @@ def _normalize_chunk(prenorm_bits, gamma_bits, inv_rms, token, num_tokens, chunk
         scaled = tl.reshape(tl.reshape(prenorm, (PARTS, CHUNK // PARTS)) * inv_rms[:, None], (CHUNK,))
     else:
         scaled = prenorm * inv_rms
-    layer = f32_to_bf16(scaled * bf16_to_f32(gamma_bits, ON_GPU), ON_GPU)
+    layer = f32_to_bf16(scaled * gamma, ON_GPU)
     tl.store(layer_out_ptr + token * HIDDEN + h, layer, mask=in_row)
     if VARIANT == QUANT:
         _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK, ON_GPU)
@@ -284,24 +284,44 @@ def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_
                    HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, VARIANT: tl.constexpr,
                    PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, PREFETCH: tl.constexpr, area):
     """The streaming form's second pass over the whole parked row, chunk by chunk (the other
-    programs on the SM hide the latency; with ``PREFETCH`` the next chunk's gamma is in flight too)."""
+    programs on the SM hide the latency; with ``PREFETCH`` the next chunk's gamma is in flight too).
+    The plain variant carries it to the next chunk as words of two bf16 (as int16 it took a PRMT a
+    pair); the quant one as int16, whose layout the MXFP8 blocks share (the words' layout took a
+    shared-memory conversion a chunk there)."""
     c = tl.arange(0, CHUNK)
+    GAMMA_WORDS: tl.constexpr = (VARIANT != QUANT) & PREFETCH
     if PREFETCH:
-        next_gamma = tl.load(gamma_ptr + c, mask=c < HIDDEN, other=0)
+        next_gamma = _gamma_ahead(gamma_ptr, 0, HIDDEN, CHUNK, CHUNKS, GAMMA_WORDS)
     for chunk in range(CHUNKS):
         h = chunk * CHUNK + c
         in_row = h < HIDDEN
+        if GAMMA_WORDS:
+            gamma = widened_pairs(next_gamma[None, :], 1, CHUNK // 2).reshape(CHUNK).to(tl.float32, bitcast=True)
+        elif PREFETCH:
+            gamma = bf16_to_f32(next_gamma, ON_GPU)
         if PREFETCH:
-            gamma = next_gamma
-            if HIDDEN % CHUNK == 0:  # unmasked, as _chunk_inputs' loads
-                next_gamma = tl.load(gamma_ptr + tl.minimum(chunk + 1, CHUNKS - 1) * CHUNK + c)
-            else:
-                next_gamma = tl.load(gamma_ptr + CHUNK + h, mask=CHUNK + h < HIDDEN, other=0)
+            next_gamma = _gamma_ahead(gamma_ptr, chunk + 1, HIDDEN, CHUNK, CHUNKS, GAMMA_WORDS)
         else:
-            gamma = tl.load(gamma_ptr + h, mask=in_row, other=0)
+            gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=in_row, other=0), ON_GPU)
         _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES, area), gamma, inv_rms, token,
                          num_tokens, chunk, h, in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT,
                          ON_GPU)
+
+
+@triton.jit
+def _gamma_ahead(gamma_ptr, chunk, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+                 WORDS: tl.constexpr):
+    """gamma at chunk ``chunk``, bf16 bits or (``WORDS``) words of two (+0 past the row); where the
+    chunks tile the row, unmasked, the chunk past the last loading the last again (as ``_chunk_inputs``)."""
+    PER: tl.constexpr = 2 if WORDS else 1  # values a load's element
+    if WORDS:
+        base = gamma_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    else:
+        base = gamma_ptr
+    if HIDDEN % CHUNK == 0:
+        return tl.load(base + tl.minimum(chunk, CHUNKS - 1) * (CHUNK // PER) + tl.arange(0, CHUNK // PER))
+    e = chunk * (CHUNK // PER) + tl.arange(0, CHUNK // PER)
+    return tl.load(base + e, mask=e < HIDDEN // PER, other=0)
 
 
 @triton.jit
@@ -327,9 +347,9 @@ def _mix_weights(post_ptr, comb_ptr, pre_ptr, token, streams, in_streams, HC: tl
     registers, but each use gathers a source's weights across warps: a shared-memory round trip and
     two barriers."""
     if PER_THREAD_WEIGHTS:
-        # A token's post, pre and each source's comb row are HC consecutive floats: one 16-byte load
-        # each at hc = 4 (24 scalar loads took 18 instructions more a row), pre's split into scalars
-        # in registers.
+        # A token's post and each source's comb row are HC consecutive floats: one 16-byte load each
+        # at hc = 4 (as 20 scalar loads they took 15 instructions more a row). pre stays a scalar load
+        # a target: loaded as a vector, its split into scalars took warp shuffles.
         post = tl.load(post_ptr + token * HC + streams, mask=in_streams, other=0.0)
         comb = ()
         for source in tl.static_range(HC):
@@ -636,7 +656,8 @@ def consumer_kernel(
             if HOLD:
                 for chunk in tl.static_range(CHUNKS):
                     h = chunk * CHUNK + c
-                    _normalize_chunk(held[chunk], tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0), inv_rms, token,
+                    gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0), ON_GPU)
+                    _normalize_chunk(held[chunk], gamma, inv_rms, token,
                                      num_tokens, chunk, h, h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
                                      CHUNK, VARIANT, ON_GPU)
             else:
@@ -655,7 +676,8 @@ def consumer_kernel(
         else:
             inv_rms = _inverse_rms(tl.load(token_roots + root_index, mask=root_index < CHUNKS, other=0.0), eps,
                                    HIDDEN, ROOTS)
-        _normalize_chunk(prenorm, gamma, inv_rms, token, num_tokens, part, h, h < HIDDEN, layer_out_ptr, values_ptr,
+        _normalize_chunk(prenorm, bf16_to_f32(gamma, ON_GPU), inv_rms, token, num_tokens, part, h, h < HIDDEN,
+                         layer_out_ptr, values_ptr,
                          scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, PER_WARP=ON_GPU)
     if ONE_KERNEL & MIX:
         if arrived == tl.num_programs(0) - 1:
