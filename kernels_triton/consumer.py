@@ -47,7 +47,8 @@ Specialized by constexprs:
   streams are loaded ``evict_first``, the streams out stored ``.cs`` (the layer input, which the
   next GEMM reads, is stored plainly). Which calls take them: ``traffic.STREAMED_ROWS``.
 - ``PREFETCH`` (the parked streaming form of x, the broad held twin): each chunk's inputs are loaded
-  while the chunk before is mixed, and (parked) gamma a chunk ahead in the second pass
+  while the chunk before is mixed, and (parked) gamma a chunk ahead in the second pass, the first
+  chunk's before the barrier that ends the first pass
   (``plan.PARKED_PREFETCH_VARIANTS``).
 - ``PER_THREAD_WEIGHTS``: every thread holds all of the token's mix weights (``_mix_weights``);
   otherwise they are spread over the program's threads. With it, the local cooperative form of x
@@ -282,16 +283,16 @@ def _exchanged_inverse_rms(parts, part, eps, HIDDEN: tl.constexpr, CHUNKS: tl.co
 @triton.jit
 def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr,
                    HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, VARIANT: tl.constexpr,
-                   PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, PREFETCH: tl.constexpr, area):
+                   PARKED_BYTES: tl.constexpr, ON_GPU: tl.constexpr, PREFETCH: tl.constexpr,
+                   GAMMA_WORDS: tl.constexpr, area, first_gamma=None):
     """The streaming form's second pass over the whole parked row, chunk by chunk (the other
-    programs on the SM hide the latency; with ``PREFETCH`` the next chunk's gamma is in flight too).
-    The plain variant carries it to the next chunk as words of two bf16 (as int16 it took a PRMT a
-    pair); the quant one as int16, whose layout the MXFP8 blocks share (the words' layout took a
-    shared-memory conversion a chunk there)."""
+    programs on the SM hide the latency; with ``PREFETCH`` the next chunk's gamma is in flight too,
+    the first chunk's ``first_gamma``, loaded by ``_gamma_ahead`` before the pass).
+    ``GAMMA_WORDS`` (the plain variant): gamma is carried to the next chunk as words of two bf16 (as
+    int16 it took a PRMT a pair); the quant one carries int16, whose layout the MXFP8 blocks share
+    (the words' layout took a shared-memory conversion a chunk there)."""
     c = tl.arange(0, CHUNK)
-    GAMMA_WORDS: tl.constexpr = (VARIANT != QUANT) & PREFETCH
-    if PREFETCH:
-        next_gamma = _gamma_ahead(gamma_ptr, 0, HIDDEN, CHUNK, CHUNKS, GAMMA_WORDS)
+    next_gamma = first_gamma
     for chunk in range(CHUNKS):
         h = chunk * CHUNK + c
         in_row = h < HIDDEN
@@ -503,6 +504,7 @@ def consumer_kernel(
     # us against 4.2 / 5.0 stored early).
     LATE_STORES: tl.constexpr = EXCHANGE & PER_THREAD_WEIGHTS
     ONE_KERNEL: tl.constexpr = (PUBLISH != NO_PUBLISH) & (not LOCAL)
+    GAMMA_WORDS: tl.constexpr = (VARIANT != QUANT) & PREFETCH  # (_normalize_row)
     program = tl.program_id(0)
     token = (program // SPLIT).to(tl.int64)
     part = program % SPLIT  # the chunk of a cooperative program
@@ -645,6 +647,14 @@ def consumer_kernel(
         if (VARIANT != RESIDUAL_ONLY) & COOPERATIVE & (not ON_GPU):
             tl.store(token_roots + part, pairwise_sum(parts, PARTS))
         if NORMALIZE & (not COOPERATIVE):
+            # The first chunk's gamma is loaded before the barrier: where a program has the SM to
+            # itself (about a row per SM), its latency would follow the barrier and the norm's join.
+            if HOLD:
+                first_gamma = tl.load(gamma_ptr + c, mask=c < HIDDEN, other=0)
+            elif PREFETCH:
+                first_gamma = _gamma_ahead(gamma_ptr, 0, HIDDEN, CHUNK, CHUNKS, GAMMA_WORDS)
+            else:
+                first_gamma = None
             # The parked row and the roots table (a lane of every warp's parts) are read by every thread.
             if (ROOTS_TABLE_BYTES > 0) | (not HOLD):
                 tl.debug_barrier()
@@ -656,13 +666,17 @@ def consumer_kernel(
             if HOLD:
                 for chunk in tl.static_range(CHUNKS):
                     h = chunk * CHUNK + c
-                    gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0), ON_GPU)
+                    if chunk == 0:
+                        gamma = bf16_to_f32(first_gamma, ON_GPU)
+                    else:
+                        gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0), ON_GPU)
                     _normalize_chunk(held[chunk], gamma, inv_rms, token,
                                      num_tokens, chunk, h, h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
                                      CHUNK, VARIANT, ON_GPU)
             else:
                 _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
-                               CHUNK, CHUNKS, VARIANT, PARKED_BYTES, ON_GPU, PREFETCH, area)
+                               CHUNK, CHUNKS, VARIANT, PARKED_BYTES, ON_GPU, PREFETCH, GAMMA_WORDS, area,
+                               first_gamma)
 
     if NORMALIZE & COOPERATIVE:
         h = part * CHUNK + c
