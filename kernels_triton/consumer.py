@@ -65,7 +65,7 @@ import triton.language as tl
 
 from . import lamport, ptx
 
-from .publish import contribution_chunk
+from .publish import FOUR_BYTE_ALIGNED, contribution_chunk
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
                        pairwise_columns, pairwise_of, pairwise_sum, row_of, scale_offset, subtree_roots, ue8m0_scale,
                        widened_pairs)
@@ -448,8 +448,10 @@ def _take_chunk(residual, chunk, token, stream_words, in_streams, post, comb, pr
                       PER_THREAD_WEIGHTS, STORE_STREAMS, area)
 
 
-# Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
-@triton.jit(do_not_specialize=["eps", "num_tokens", "timeout_ns", "capacity", "multicast_address"])
+# Runtime scalars are not specialized, nor the pointers a call may pass 4-byte aligned: one compiled
+# kernel serves every call (and graph capture).
+@triton.jit(do_not_specialize=["eps", "num_tokens", "timeout_ns", "capacity", "multicast_address"],
+            do_not_specialize_on_alignment=FOUR_BYTE_ALIGNED)
 def consumer_kernel(
     mailbox_ptr,      # int16: LL [3][TP][capacity][H] contributions, or BT [3][capacity][H] sums  (not LOCAL)
     residual_ptr,     # int16 [M, HC, H]

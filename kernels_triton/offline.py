@@ -25,7 +25,8 @@ def compile_ptx(spec: BuildSpec, arch: str = "sm_90a") -> dict[str, str]:
 def compile_kernel(fn, signature: dict, constexprs: dict, options: dict, arch: str = "sm_90a",
                    launch_pdl: bool = True) -> str:
     """PTX of one Triton kernel: ``signature`` its runtime arguments' types, every pointer taken as
-    16-byte aligned (what the launcher's specialization sees at run time)."""
+    16-byte aligned but those the kernel is not specialized on (what the launcher's specialization
+    sees at run time)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -33,7 +34,8 @@ def compile_kernel(fn, signature: dict, constexprs: dict, options: dict, arch: s
     target = GPUTarget("cuda", parse_arch(arch), 32)
     full_signature = dict(signature)
     full_signature.update({key: "constexpr" for key in constexprs})
+    unaligned = set(getattr(fn, "do_not_specialize_on_alignment", ()))
     aligned = {(fn.arg_names.index(arg),): [["tt.divisibility", 16]]
-               for arg, kind in signature.items() if kind.startswith("*")}
+               for arg, kind in signature.items() if kind.startswith("*") and arg not in unaligned}
     source = ASTSource(fn=fn, signature=full_signature, constexprs=constexprs, attrs=aligned)
     return triton.compile(source, target=target, options={**options, "launch_pdl": launch_pdl}).asm["ptx"]

@@ -209,8 +209,9 @@ def table_sum(table, SLOTS: tl.constexpr, WIDTH: tl.constexpr):
     """The contract's tree of adjacent pairs over the roots table's SLOTS fp32 slots at the shared
     address ``table`` (behind a CTA barrier), padded with +0.0 to WIDTH (a power of two, at most a
     warp's lanes): lane l loads slot l mod WIDTH and butterflies join aligned groups of 2, 4, ...
-    lanes, the tree's levels in order (an IEEE add gives the same bits either way round, NaN
-    included: the hardware's NaN is canonical). Every lane gets the sum. GPU only."""
+    lanes, the tree's levels in order (an IEEE add gives the same bits either way round, but for a
+    NaN's payload, which no output takes: each canonicalizes its NaN). Every lane gets the sum. GPU
+    only."""
     tl.static_assert(WIDTH <= 32, "the table is joined within a warp")
     return tl.inline_asm_elementwise(_table_sum_asm(SLOTS, WIDTH), "=r,r", args=[table], dtype=tl.float32,
                                      is_pure=False, pack=1)

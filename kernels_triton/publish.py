@@ -47,8 +47,14 @@ def contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h,
     return contribution
 
 
-# Runtime scalars are not specialized: one compiled kernel serves every call (and graph capture).
-@triton.jit(do_not_specialize=["multicast_address", "slots"])
+# The pointers a call may pass only 4-byte aligned (``lamport_mhc.validate``: the expert weights and
+# indices, the MXFP8 scales). Not specialized on 16-byte alignment, as runtime scalars are not
+# specialized: one compiled kernel serves every call. (A second specialization would compile during
+# a call, or fail in a graph capture, and start without the launch shape set on the first.)
+FOUR_BYTE_ALIGNED = ["weights_ptr", "indices_ptr", "scales_ptr"]
+
+
+@triton.jit(do_not_specialize=["multicast_address", "slots"], do_not_specialize_on_alignment=FOUR_BYTE_ALIGNED)
 def publish_kernel(
     x_ptr,            # int16 [M, H]: the contribution, or (FINALIZE) the shared expert output
     gemm2_ptr,        # int16 [rows, H]  (FINALIZE)

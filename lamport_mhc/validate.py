@@ -55,11 +55,13 @@ def consumer_args(spec: BuildSpec, device: torch.device, m: int, residual, post,
     """Validate the consumer inputs of a call and allocate its outputs."""
     hc, h = spec.hc, spec.hidden
     _tensor("residual", residual, torch.bfloat16, (m, hc, h), device)
+    # The mix weights 16-byte aligned, as the bf16 rows: the Triton kernels load a token's post and
+    # each comb row 16 bytes at a time.
     if isinstance(post, torch.Tensor) and post.dim() == 3:
-        _tensor("post", post, torch.float32, (m, hc, 1), device, align=4)
+        _tensor("post", post, torch.float32, (m, hc, 1), device)
     else:
-        _tensor("post", post, torch.float32, (m, hc), device, align=4)
-    _tensor("comb", comb, torch.float32, (m, hc, hc), device, align=4)
+        _tensor("post", post, torch.float32, (m, hc), device)
+    _tensor("comb", comb, torch.float32, (m, hc, hc), device)
     if (pre is None) != (norm_weight is None):
         raise ValueError("pre and norm_weight must both be given, or both be None (residual-only)")
     residual_only = pre is None
@@ -69,7 +71,7 @@ def consumer_args(spec: BuildSpec, device: torch.device, m: int, residual, post,
         if mxfp8_out is not None:
             raise ValueError("a residual-only call has no layer input to quantize: mxfp8_out must be None")
     else:
-        _tensor("pre", pre, torch.float32, (m, hc), device, align=4)
+        _tensor("pre", pre, torch.float32, (m, hc), device)
         _tensor("norm_weight", norm_weight, torch.bfloat16, (h,), device)
         if not isinstance(norm_eps, numbers.Real) or isinstance(norm_eps, bool) or not math.isfinite(norm_eps) \
                 or norm_eps < 0:

@@ -351,8 +351,8 @@ def test_pairwise_sum_batched_against_numpy_tree():
 def test_a_butterfly_over_lanes_is_the_pairwise_tree(slots, width):
     """The roots table's join on the GPU (``ptx.table_sum``): lane l holds slot l (+0.0 past the
     slots) and each level adds lane l ^ step's value, step 1, 2, 4, ... Every lane ends with the
-    adjacent-pair tree's sum, bit for bit: an IEEE add gives the same bits either way round (a NaN
-    is left out here: the GPU's is canonical, the CPU's keeps an operand's payload)."""
+    adjacent-pair tree's sum, bit for bit: an IEEE add gives the same bits either way round (but
+    for a NaN's payload, which no output takes: only NaN-ness is compared here)."""
     gen = torch.Generator().manual_seed(slots * 131 + width)
     for trial in range(200):
         values = torch.randn(slots, generator=gen) * torch.exp2(torch.randint(-140, 60, (slots,), generator=gen))

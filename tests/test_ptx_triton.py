@@ -476,3 +476,42 @@ def test_broad_held_twins_hold_the_row_in_chunks_four_times_as_wide():
         assert re.findall(r"\.shared \.align 16 \.b8 parked_area\[(\d+)\]", text) == ["128"], name
         assert text.count("@leader st.shared.b32") == 2, name  # a table part a chunk
         assert not _ops(text, r"st\.shared\.v4\.b32"), f"{name}: the row is held, not parked"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_only_pointers_a_call_may_pass_unaligned_leave_the_specialization_as_it_is(tp):
+    """One compiled kernel serves every call: Triton's launcher keys its compiled kernels on each
+    pointer's 16-byte alignment, except for those a call may pass 4-byte aligned
+    (``lamport_mhc.validate``: expert weights and indices, the MXFP8 scales), so no call compiles a
+    second kernel (which would start without the launch shape set on the first, and fail in a graph
+    capture). The key of every kernel, with each pointer misaligned in turn, by the launcher's own
+    binder for sm_90."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from kernels_triton.publish import FOUR_BYTE_ALIGNED
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    dtypes = {"*i16": torch.int16, "*fp32": torch.float32, "*i32": torch.int32, "*u8": torch.uint8,
+              "*i64": torch.int64}
+    spec = BuildSpec(hidden=1024, hc=4, capacity=64, top_k=6, tp=tp, rank=0, quantize=True, bt=tp > 1)
+    for name, instance in plan.kernel_plan(spec).items():
+        bind = create_function_from_signature(instance.fn.signature, instance.fn.params, backend)
+
+        def key(misaligned=None):
+            args = []
+            for arg, kind in instance.signature.items():
+                if kind in dtypes:
+                    buffer = torch.zeros(64, dtype=dtypes[kind])
+                    offset = max(1, 4 // buffer.element_size())  # 4 or 8 bytes past a 16-byte boundary
+                    args.append(buffer[offset:] if arg == misaligned else buffer)
+                else:
+                    args.append({"fp32": 1e-6}.get(kind, 2))
+            return bind(*args, **instance.constexprs, **instance.options, debug=False)[1]
+
+        aligned = key()
+        for arg, kind in instance.signature.items():
+            if kind in dtypes:
+                assert (key(arg) == aligned) == (arg in FOUR_BYTE_ALIGNED), (name, arg)

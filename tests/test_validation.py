@@ -23,7 +23,7 @@ def plain_group():
 
 
 def _misaligned(t):
-    """Same shape and dtype, contiguous, but 2 bytes off a 16-byte boundary."""
+    """Same shape and dtype, contiguous, but one element off a 16-byte boundary."""
     flat = torch.empty(t.numel() + 8, dtype=t.dtype)[1:1 + t.numel()]
     return flat.view(t.shape).copy_(t)
 
@@ -48,6 +48,9 @@ BAD_PLAIN = {
     "post dtype": (lambda a: a.update(post=a["post"].double()), "post must be torch.float32"),
     "post shape": (lambda a: a.update(post=a["post"][:, :2].contiguous()), "post must have shape"),
     "comb shape": (lambda a: a.update(comb=a["comb"].transpose(1, 2)), "comb must be contiguous"),
+    "post misaligned": (lambda a: a.update(post=_misaligned(a["post"])), "post must be 16-byte aligned"),
+    "comb misaligned": (lambda a: a.update(comb=_misaligned(a["comb"])), "comb must be 16-byte aligned"),
+    "pre misaligned": (lambda a: a.update(pre=_misaligned(a["pre"])), "pre must be 16-byte aligned"),
     "pre shape": (lambda a: a.update(pre=a["pre"][:, :3].contiguous()), "pre must have shape"),
     "norm_weight dtype": (lambda a: a.update(norm_weight=a["norm_weight"].float()), "norm_weight must be"),
     "pre without norm_weight": (lambda a: a.update(norm_weight=None), "both be given, or both be None"),
@@ -104,6 +107,17 @@ def test_bad_finalize_argument(group, case):
         group.finalize(bad["gemm2s"], bad["weights"], bad["idxs"], bad["shareds"], inputs["residual"],
                        inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], EPS)
     _assert_untouched(group, before)
+    check_simulated(group, inputs, "finalize", EPS)
+
+
+def test_routing_tensors_may_be_4_byte_aligned(group):
+    """expert_weights and expanded_idx_to_permuted_idx need only their element's alignment (the
+    kernels are not specialized on theirs): one element off a 16-byte boundary, the bits are the
+    reference's."""
+    inputs = random_inputs(2, 5, H, HC, seed=11, top_k=TOP_K)
+    inputs["weights"] = [_misaligned(w) for w in inputs["weights"]]
+    inputs["idxs"] = [_misaligned(i) for i in inputs["idxs"]]
+    assert all(t.data_ptr() % 16 for t in inputs["weights"] + inputs["idxs"])
     check_simulated(group, inputs, "finalize", EPS)
 
 
