@@ -68,7 +68,7 @@ from . import lamport, ptx
 from .publish import FOUR_BYTE_ALIGNED, contribution_chunk
 from .numerics import (bf16_to_f32, canonical_zero, f32_to_bf16, f32_to_e4m3, inverse_scale,
                        pairwise_columns, pairwise_of, pairwise_sum, row_of, scale_offset, subtree_roots, ue8m0_scale,
-                       widened_pairs)
+                       widened_pairs, widened_row)
 
 PLAIN, QUANT, RESIDUAL_ONLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 NO_PUBLISH, PUBLISH_X, PUBLISH_FINALIZE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -228,8 +228,9 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
 def _normalize_chunk(prenorm_bits, gamma, inv_rms, token, num_tokens, chunk, h, in_row, layer_out_ptr,
                      values_ptr, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
                      ON_GPU: tl.constexpr, PER_WARP: tl.constexpr = False):
-    """Normalize one chunk and store it (and its MXFP8 copy); ``gamma``: its fp32 values. ``inv_rms``: a scalar, or with
-    ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each scaling the warp's columns."""
+    """Normalize one chunk (``gamma``: its fp32 values) and store it (and its MXFP8 copy). ``inv_rms``:
+    a scalar, or with ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each scaling the
+    warp's columns."""
     prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
     if PER_WARP:
         PARTS: tl.constexpr = CHUNK // 256
@@ -297,7 +298,7 @@ def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_
         h = chunk * CHUNK + c
         in_row = h < HIDDEN
         if GAMMA_WORDS:
-            gamma = widened_pairs(next_gamma[None, :], 1, CHUNK // 2).reshape(CHUNK).to(tl.float32, bitcast=True)
+            gamma = widened_row(next_gamma, CHUNK // 2)
         elif PREFETCH:
             gamma = bf16_to_f32(next_gamma, ON_GPU)
         if PREFETCH:
@@ -428,7 +429,7 @@ def _take_chunk(residual, chunk, token, stream_words, in_streams, post, comb, pr
     if residual is None:
         residual = _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN, HC, BLOCK_HC, CHUNK, STREAMED)
     if x is not None:
-        reduced = widened_pairs(x[None, :], 1, CHUNK // 2).reshape(CHUNK).to(tl.float32, bitcast=True)
+        reduced = widened_row(x, CHUNK // 2)
     else:
         if LOCAL:
             x = contribution_chunk(x_ptr, gemm2_ptr, weights_ptr, indices_ptr, token, h, HIDDEN, TOP_K,
@@ -693,8 +694,7 @@ def consumer_kernel(
             inv_rms = _inverse_rms(tl.load(token_roots + root_index, mask=root_index < CHUNKS, other=0.0), eps,
                                    HIDDEN, ROOTS)
         _normalize_chunk(prenorm, bf16_to_f32(gamma, ON_GPU), inv_rms, token, num_tokens, part, h, h < HIDDEN,
-                         layer_out_ptr, values_ptr,
-                         scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, PER_WARP=ON_GPU)
+                         layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, PER_WARP=ON_GPU)
     if ONE_KERNEL & MIX:
         if arrived == tl.num_programs(0) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)

@@ -36,6 +36,12 @@ def widened_pairs(words, ROWS: tl.constexpr, PAIRS: tl.constexpr):
 
 
 @triton.jit
+def widened_row(words, PAIRS: tl.constexpr):
+    """fp32 values of a row of bf16 loaded as ``PAIRS`` words of two (``widened_pairs`` of one row)."""
+    return tl.reshape(widened_pairs(words[None, :], 1, PAIRS), (2 * PAIRS,)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def f32_to_bf16(x, ON_GPU: tl.constexpr, ANY_NAN: tl.constexpr = False):
     """fp32 -> bf16 bits (int16), round to nearest even; every NaN becomes 0x7FC0. On the GPU
     ``ptx.bf16x2_rn`` (two values an instruction); the interpreter's cast truncates, so its twin
