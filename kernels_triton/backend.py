@@ -134,12 +134,15 @@ LOCAL_X_BROAD_ROWS_PER_SM = {(7, "plain"): ((0.85, 1.0), (11, 16))}
 
 # The local calls of x take the ``_broad_held`` twin (``plan.broad_held_chunk``) in these windows of
 # rows per SM (above, at most), by the row's chunks and variant, before any other form, and its
-# hinted twin in the second table's. Empty until measured against the forms those calls take now
-# (``bench/local_forms.py``, form ``broad-held``): the twin is built in the shape of the strong
-# tail's wide form, which was the fastest kernel of the benchmark at about one row per SM (H = 4096
-# plain M = 128: 3.29 us against 3.64 for the fastest fused form).
+# hinted twin in the second table's. The twin is built in the shape of the strong tail's wide form,
+# the fastest kernel of the benchmark at about one row per SM. One H200, tp = 1, two runs of
+# ``bench/local_forms.py`` (the second the mean of two rounds), us: H = 7168 quant M = 128 hinted
+# 5.46 / 5.38 against 5.99 / 5.82 for the hinted wide twin the calls took (the strong tail's wide
+# form 5.82 / 5.58); but M = 100 5.56 against 5.24 (cooperative), 160 9.47 against 7.60. At H = 4096
+# plain and quant and 5120 plain M = 100-128 it was no faster than the form the calls take (4096
+# quant M = 128 3.97 / 3.93 against 4.05 / 3.86).
 LOCAL_X_BROAD_HELD_ROWS_PER_SM: dict[tuple[int, str], tuple[tuple[float, float], ...]] = {}
-LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM: dict[tuple[int, str], tuple[tuple[float, float], ...]] = {}
+LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM = {(7, "quant"): ((0.85, 1.0),)}
 
 # The local calls of x take the parked form in these windows of rows per SM (above, at most), by the
 # row's chunks and variant, where the wide twin's window would take them. One H200, tp = 1, two runs,
@@ -151,10 +154,12 @@ LOCAL_X_PARKED_ROWS_PER_SM = {(4, "plain"): ((7, 8),), (5, "plain"): ((7, 8), (1
 
 # The local calls of x that take the wide twin with at most this many rows per SM (its few-rows
 # window, by the row's chunks and variant) take its hinted twin, whatever their bytes. One H200,
-# tp = 1, two runs, us hinted / not: H = 4096 plain M = 128 / 192 / 256 3.64 / 3.71, 4.64 / 4.74,
-# 4.84 / 5.00, quant 4.14 / 4.21, 5.60 / 5.63, 5.64 / 5.64; H = 7168 quant M = 128 5.91 / 6.13, but
-# 256 9.91 / 9.60 and plain 256 8.7 / 8.1.
-LOCAL_X_HINTED_WIDE_ROWS_PER_SM = {(4, "plain"): 2, (4, "quant"): 2, (7, "quant"): 1}
+# tp = 1, two runs, us hinted / not: H = 4096 quant M = 128 / 192 / 256 4.14 / 4.21, 5.60 / 5.63,
+# 5.64 / 5.64; H = 7168 quant M = 128 5.91 / 6.13, but 256 9.91 / 9.60 and plain 256 8.7 / 8.1. H =
+# 4096 plain took the hinted twin too (M = 128 / 192 / 256 3.64 / 3.71, 4.64 / 4.74, 4.84 / 5.00)
+# until its loads of x and gamma as words and its roots table's butterfly: then 3.66 / 3.48, 4.74 /
+# 4.51 (M = 128 / 256), and 3.51 / 3.50, 4.24 / 4.10, 4.61 / 4.42 in a second run.
+LOCAL_X_HINTED_WIDE_ROWS_PER_SM = {(4, "quant"): 2, (7, "quant"): 1}
 
 UNBOUNDED = 1 << 62  # more rows (or clusters) than any call has
 

@@ -377,19 +377,22 @@ def test_wide_windows_as_measured(hidden, variant, local_x, window):
                      132: "local_plain_broad", 133: "local_plain_split", 256: "local_plain_wide", 512: "local_plain",
                      924: "local_plain_wide", 925: "local_plain", 1056: "local_plain", 1057: "local_plain_wide",
                      1453: "local_plain_broad", 2112: "local_plain_broad", 2113: "local_plain_wide"}),
-    # the wide twin's few rows hinted (H = 4096 up to 2 rows per SM, 7168 quant up to 1).
-    (4096, "plain", {128: "local_plain_wide_streamed", 264: "local_plain_wide_streamed", 300: "local_plain",
+    # the wide twin's few rows hinted (H = 4096 quant up to 2 rows per SM, 7168 quant up to 1, but for
+    # the broad held twin's hinted window there: above 0.85, at most 1 row per SM).
+    (4096, "plain", {128: "local_plain_wide", 264: "local_plain_wide", 300: "local_plain",
                      400: "local_plain_wide", 1000: "local_plain", 1100: "local_plain_wide"}),
     (4096, "quant", {128: "local_quant_wide_streamed", 400: "local_quant_wide", 1000: "local_quant_wide"}),
-    (7168, "quant", {128: "local_quant_wide_streamed", 132: "local_quant_wide_streamed", 256: "local_quant_wide",
+    (7168, "quant", {112: "local_quant_split", 113: "local_quant_broad_held_streamed",
+                     132: "local_quant_broad_held_streamed", 133: "local_quant_split", 256: "local_quant_wide",
                      300: "local_quant"}),
     (5120, "plain", {256: "local_plain", 1000: "local_plain", 1536: "local_plain_wide", 2048: "local_plain",
                      4096: "local_plain_wide"}),
 ])
 def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, variant, rows):
-    """On 132 SMs (unhinted calls): the broad twin in ``LOCAL_X_BROAD_ROWS_PER_SM`` before any other
-    form, the parked form in ``LOCAL_X_PARKED_ROWS_PER_SM`` where the wide twin's window would take
-    the call, and the wide twin's hinted twin in its few rows (``LOCAL_X_HINTED_WIDE_ROWS_PER_SM``).
+    """On 132 SMs (unhinted calls): the broad twins in ``LOCAL_X_BROAD_ROWS_PER_SM`` and
+    ``LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM`` before any other form, the parked form in
+    ``LOCAL_X_PARKED_ROWS_PER_SM`` where the wide twin's window would take the call, and the wide
+    twin's hinted twin in its few rows (``LOCAL_X_HINTED_WIDE_ROWS_PER_SM``).
     The finalize takes none of these windows."""
     kernels = _as_on_an_h200(hidden)
     launched = _chosen_kernels(kernels)
