@@ -288,7 +288,7 @@ def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_
                    GAMMA_WORDS: tl.constexpr, area, first_gamma=None):
     """The streaming form's second pass over the whole parked row, chunk by chunk (the other
     programs on the SM hide the latency; with ``PREFETCH`` the next chunk's gamma is in flight too,
-    the first chunk's ``first_gamma``, loaded by ``_gamma_ahead`` before the pass).
+    the first chunk's ``first_gamma``, loaded by ``_chunk_ahead`` before the pass).
     ``GAMMA_WORDS`` (the plain variant): gamma is carried to the next chunk as words of two bf16 (as
     int16 it took a PRMT a pair); the quant one carries int16, whose layout the MXFP8 blocks share
     (the words' layout took a shared-memory conversion a chunk there)."""
@@ -302,7 +302,7 @@ def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_
         elif PREFETCH:
             gamma = bf16_to_f32(next_gamma, ON_GPU)
         if PREFETCH:
-            next_gamma = _gamma_ahead(gamma_ptr, chunk + 1, HIDDEN, CHUNK, CHUNKS, GAMMA_WORDS)
+            next_gamma = _chunk_ahead(gamma_ptr, chunk + 1, HIDDEN, CHUNK, CHUNKS, GAMMA_WORDS, "")
         else:
             gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=in_row, other=0), ON_GPU)
         _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES, area), gamma, inv_rms, token,
@@ -311,19 +311,22 @@ def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_
 
 
 @triton.jit
-def _gamma_ahead(gamma_ptr, chunk, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-                 WORDS: tl.constexpr):
-    """gamma at chunk ``chunk``, bf16 bits or (``WORDS``) words of two (+0 past the row); where the
-    chunks tile the row, unmasked, the chunk past the last loading the last again (as ``_chunk_inputs``)."""
+def _chunk_ahead(row_ptr, chunk, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+                 WORDS: tl.constexpr, LOAD_POLICY: tl.constexpr):
+    """Chunk ``chunk`` of the bf16 row at ``row_ptr``, issued ahead of its use: bf16 bits or
+    (``WORDS``) words of two, +0 past the row. Where the chunks tile the row the load is not masked
+    (a masked load zeroes its registers first: 10 instructions a chunk) and the chunk past the last
+    loads the last again instead, from L1."""
     PER: tl.constexpr = 2 if WORDS else 1  # values a load's element
     if WORDS:
-        base = gamma_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        base = row_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     else:
-        base = gamma_ptr
+        base = row_ptr
     if HIDDEN % CHUNK == 0:
-        return tl.load(base + tl.minimum(chunk, CHUNKS - 1) * (CHUNK // PER) + tl.arange(0, CHUNK // PER))
+        return tl.load(base + tl.minimum(chunk, CHUNKS - 1) * (CHUNK // PER) + tl.arange(0, CHUNK // PER),
+                       eviction_policy=LOAD_POLICY)
     e = chunk * (CHUNK // PER) + tl.arange(0, CHUNK // PER)
-    return tl.load(base + e, mask=e < HIDDEN // PER, other=0)
+    return tl.load(base + e, mask=e < HIDDEN // PER, other=0, eviction_policy=LOAD_POLICY)
 
 
 @triton.jit
@@ -398,17 +401,13 @@ def _chunk_inputs(chunk, token, stream_words, in_streams, residual_ptr, x_ptr, H
                   STREAMED: tl.constexpr):
     """The streams and ``x`` of chunk ``chunk`` (``_take_chunk``'s loads), issued ahead of their use,
     both as words of two bf16 (carried to the next chunk as int16, x took a PRMT a pair there);
-    past the row every lane is masked off, so the loop's last prefetch moves nothing. Where the chunks
-    tile the row, the loads are not masked (a masked load zeroes its registers first: 10 instructions
-    a chunk) and the last prefetch loads the last chunk again instead, from L1."""
+    past the row every lane is masked off, so the loop's last prefetch moves nothing; where the chunks
+    tile the row, nothing is masked and the last prefetch loads the last chunk again (``_chunk_ahead``)."""
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
-    x_words_ptr = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (HIDDEN // 2)
+    x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (HIDDEN // 2)  # the token's row
+    x = _chunk_ahead(x_words, chunk, HIDDEN, CHUNK, CHUNKS, True, LOAD_POLICY)
     if HIDDEN % CHUNK == 0:
         chunk = tl.minimum(chunk, CHUNKS - 1)
-        x = tl.load(x_words_ptr + chunk * (CHUNK // 2) + tl.arange(0, CHUNK // 2), eviction_policy=LOAD_POLICY)
-    else:
-        w = chunk * (CHUNK // 2) + tl.arange(0, CHUNK // 2)
-        x = tl.load(x_words_ptr + w, mask=w < HIDDEN // 2, other=0, eviction_policy=LOAD_POLICY)
     residual = _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN, HC, BLOCK_HC, CHUNK, STREAMED)
     return residual, x
 
@@ -655,7 +654,7 @@ def consumer_kernel(
             if HOLD:
                 first_gamma = tl.load(gamma_ptr + c, mask=c < HIDDEN, other=0)
             elif PREFETCH:
-                first_gamma = _gamma_ahead(gamma_ptr, 0, HIDDEN, CHUNK, CHUNKS, GAMMA_WORDS)
+                first_gamma = _chunk_ahead(gamma_ptr, 0, HIDDEN, CHUNK, CHUNKS, GAMMA_WORDS, "")
             else:
                 first_gamma = None
             # The parked row and the roots table (a lane of every warp's parts) are read by every thread.

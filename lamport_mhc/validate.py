@@ -56,7 +56,8 @@ def consumer_args(spec: BuildSpec, device: torch.device, m: int, residual, post,
     hc, h = spec.hc, spec.hidden
     _tensor("residual", residual, torch.bfloat16, (m, hc, h), device)
     # The mix weights 16-byte aligned, as the bf16 rows: the Triton kernels load a token's post and
-    # each comb row 16 bytes at a time.
+    # each comb row 16 bytes at a time, and are specialized on these pointers' alignment (one compiled
+    # kernel serves every call: kernels_triton.publish.FOUR_BYTE_ALIGNED names the exceptions).
     if isinstance(post, torch.Tensor) and post.dim() == 3:
         _tensor("post", post, torch.float32, (m, hc, 1), device)
     else:
