@@ -1,0 +1,127 @@
+"""One GPU, for Nsight Compute: one eager call of each named Triton local form and strong-tail form at
+given rows, each inside its own profiler range, so that ``ncu --profile-from-start off`` profiles
+exactly those calls. Each profiled call follows ``--calls-before`` calls of the same kernel on the
+same inputs, which leave L2 as the benchmark's CUDA graphs do (warm: profile with ``--cache-control
+none``; ncu's default flushes L2 before each kernel, which measures a cold call instead).
+
+    ncu --clock-control none --profile-from-start off --set full -o cold \\
+        python bench/profile_forms.py --rows 5120:quant:1024 4096:plain:128 --fused auto,wide-hinted --strong looped
+    ncu --clock-control none --profile-from-start off --cache-control none \\
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \\
+        python bench/profile_forms.py --rows ...          (warm, one pass: nothing replayed over the L2)
+
+It prints the profiled calls in order (ncu's IDs), each fused form with the kernel it launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lamport_mhc.bench.local_forms import FORMS  # noqa: E402
+from lamport_mhc.bench.strong_tail import STRATEGIES  # noqa: E402
+
+EPS, HC, TOP_K = 1e-6, 4, 6
+
+
+def parse_row(text: str) -> tuple[int, str, int]:
+    hidden, variant, m = text.split(":")
+    if variant not in ("plain", "quant"):
+        raise argparse.ArgumentTypeError(f"variant must be plain or quant, got {variant!r}")
+    return int(hidden), variant, int(m)
+
+
+def parse_fused(text: str) -> list[str]:
+    """"auto" or a form of ``FORMS``, "-hinted" for its twin with the cache hints."""
+    forms = text.split(",") if text else []
+    for form in forms:
+        if form != "auto" and form.removesuffix("-hinted") not in FORMS:
+            raise argparse.ArgumentTypeError(f"fused forms are auto or {sorted(FORMS)} (+ -hinted), got {form!r}")
+    return forms
+
+
+def parse_strong(text: str) -> list[str]:
+    forms = text.split(",") if text else []
+    for form in forms:
+        if form not in STRATEGIES:
+            raise argparse.ArgumentTypeError(f"strong forms are {STRATEGIES}, got {form!r}")
+    return forms
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=parse_row, nargs="+", required=True, help="HIDDEN:VARIANT:M ...")
+    parser.add_argument("--fused", type=parse_fused, default=["auto"], help="fused forms, comma-separated")
+    parser.add_argument("--strong", type=parse_strong, default=["looped"], help="strong tail forms, comma-separated")
+    parser.add_argument("--calls-before", type=int, default=4, help="calls of the same kernel before the profiled one")
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    from lamport_mhc import AllReduceMHC, AllReduceMHCConfig
+    from lamport_mhc.bench.local_forms import FormForcer
+    from lamport_mhc.bench.strong_tail import StrongTail
+    from lamport_mhc.mxfp8 import mxfp8_scale_bytes
+    from lamport_mhc.testing import random_inputs
+
+    for key, value in dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29513").items():
+        os.environ.setdefault(key, value)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+
+    def profiled(fn):
+        for _ in range(args.calls_before):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+    ops, order = {}, []
+    for hidden, variant, m in args.rows:
+        if hidden not in ops:
+            capacity = max(128, *(rows for h, _, rows in args.rows if h == hidden))
+            ops[hidden] = AllReduceMHC(hidden, HC, capacity, TOP_K, device, quantize_layer_input=True,
+                                       config=AllReduceMHCConfig(backend="triton"))
+        op = ops[hidden]
+        kernels = op.path.kernels["triton"]
+        forcer = FormForcer(kernels)
+        inputs = random_inputs(1, m, hidden, HC, seed=m, zero_row=False, permuted=True, device=device,
+                               drawn_on_device=True)
+        x = inputs["xs"][0]
+        consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], EPS)
+        mxfp8 = None
+        if variant == "quant":
+            mxfp8 = (torch.empty((m, hidden), dtype=torch.float8_e4m3fn, device=device),
+                     torch.empty(mxfp8_scale_bytes(m, hidden), dtype=torch.uint8, device=device))
+        for form in args.fused:
+            if form == "auto":
+                forcer.reset()
+            else:
+                forcer.force(form.removesuffix("-hinted"), form.endswith("-hinted"))
+            launched = []
+            kernels.on_launch = lambda name, programs: launched.append(name)
+            profiled(lambda: op(x, *consumer, mxfp8_out=mxfp8))
+            kernels.on_launch = None
+            order.append(f"H={hidden} {variant} M={m} fused {form}: {launched[-1]}")
+        forcer.reset()
+        residual_out, layer_input = torch.empty_like(inputs["residual"]), torch.empty_like(x)
+        for strategy in args.strong:
+            tail = StrongTail(hidden, HC, quantize=variant == "quant", strategy=strategy)
+            profiled(lambda: tail(x, *consumer, residual_out, layer_input, mxfp8))
+            order.append(f"H={hidden} {variant} M={m} strong {strategy}")
+    for index, line in enumerate(order):
+        print(f"[{index}] {line}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
