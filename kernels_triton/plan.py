@@ -204,11 +204,11 @@ def broad_chunk(hidden: int, variant: str) -> int | None:
 # The local streaming consumers of x of these variants have a ``_broad_held`` twin
 # (``broad_held_chunk``): the row held in registers, in chunks four times the row's (16 warps) where
 # it spans at most BROAD_HELD_MAX_CHUNKS of them, each warp's part of a chunk's sum of squares joined
-# through a roots table (one CTA barrier a row), every mix weight in every thread, at most
-# BROAD_HELD_MAX_REGISTERS registers, hinted and not: the shape of the strong tail's wide form (one program an SM,
-# a chunk's loads all in flight at once), which the benchmark's strong tail took at M = 100-128 at
-# H = 7168 (and quant at 4096 and 5120 M = 100) on one H200, where the fused forms were 5-10%
-# slower. Unlike that form it issues the second chunk's loads before it mixes the first (``PREFETCH``,
+# through a roots table (one CTA barrier a row), every mix weight in every thread, at ptxas's
+# ceiling on registers (BROAD_HELD_MAX_REGISTERS), hinted and not: the shape of the strong tail's
+# wide form (one program an SM, a chunk's loads all in flight at once), which the benchmark's strong
+# tail took at M = 100-128 at H = 7168 (and quant at 4096 and 5120 M = 100) on one H200, where the
+# fused forms were 5-10% slower. Unlike that form it issues the second chunk's loads before it mixes the first (``PREFETCH``,
 # sm_90a SASS at H = 7168: the strong form issues them after the first chunk's stores). The calls it
 # takes: ``backend.LOCAL_X_BROAD_HELD_ROWS_PER_SM``.
 BROAD_HELD_VARIANTS = ("plain", "quant")
@@ -218,8 +218,8 @@ BROAD_HELD_MAX_CHUNKS = 2
 # chunk's loads down to where the mix first uses them, each stream costing a memory latency of its
 # own (sm_90a SASS: at H = 4096 the last of the row's loads was the 200th-209th instruction, at 5120
 # and 7168 the second chunk's 405th-423rd, after the first chunk's mix); so it issues the first
-# chunk's within the first 80 and the second's by the 172nd (92-128 registers, no spill). At a cap
-# of 128 it issued quant's second chunk after the first's mix.
+# chunk's within the first 80 and the second's by the 172nd (92-128 registers, no spill). Capped at
+# 128 it issued quant's second chunk after the first's mix all the same.
 BROAD_HELD_MAX_REGISTERS = 255
 
 
