@@ -25,11 +25,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from lamport_mhc import AllReduceMHC, AllReduceMHCConfig  # noqa: E402
-from lamport_mhc.bench.local_forms import FORMS, FormForcer  # noqa: E402
+from lamport_mhc.bench.local_forms import FORMS, FormForcer, row_inputs  # noqa: E402
 from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail  # noqa: E402
 from lamport_mhc.bench.timing import time_graph  # noqa: E402
-from lamport_mhc.mxfp8 import mxfp8_scale_bytes  # noqa: E402
-from lamport_mhc.testing import random_inputs  # noqa: E402
 
 EPS, HC, TOP_K, CALLS, REPLAYS = 1e-6, 4, 6, 50, 5
 
@@ -49,17 +47,7 @@ def digest(tensors) -> str:
 
 
 def measure_row(op, forcer, hidden, variant, m, strong_forms, device) -> dict:
-    inputs = random_inputs(1, m, hidden, HC, seed=m, top_k=TOP_K if variant == "finalize" else 0, permuted=True,
-                           zero_row=False, device=device, drawn_on_device=True)
-    x = inputs["xs"][0]
-    consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], EPS)
-    mxfp8 = None
-    if variant == "quant":
-        mxfp8 = (torch.empty((m, hidden), dtype=torch.float8_e4m3fn, device=device),
-                 torch.empty(mxfp8_scale_bytes(m, hidden), dtype=torch.uint8, device=device))
-    finalize = None
-    if variant == "finalize":
-        finalize = (inputs["gemm2s"][0], inputs["weights"][0], inputs["idxs"][0], inputs["shareds"][0])
+    x, consumer, mxfp8, finalize = row_inputs(hidden, variant, m, device, HC, TOP_K, EPS)
 
     def fused():
         if finalize is not None:
@@ -85,7 +73,7 @@ def measure_row(op, forcer, hidden, variant, m, strong_forms, device) -> dict:
             row["kernel"][label] = launched[-1]
             row["fused"][label] = statistics.median(time_graph(fused, CALLS, REPLAYS))
     forcer.reset()
-    residual_out, layer_input = torch.empty_like(inputs["residual"]), torch.empty_like(x)
+    residual_out, layer_input = torch.empty_like(consumer[0]), torch.empty_like(x)
     contribution = torch.empty_like(x)
     strong_finalize = StrongFinalize(hidden, TOP_K)
     for strategy in strong_forms:

@@ -64,10 +64,8 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     from lamport_mhc import AllReduceMHC, AllReduceMHCConfig
-    from lamport_mhc.bench.local_forms import FormForcer
+    from lamport_mhc.bench.local_forms import FormForcer, row_inputs
     from lamport_mhc.bench.strong_tail import StrongTail
-    from lamport_mhc.mxfp8 import mxfp8_scale_bytes
-    from lamport_mhc.testing import random_inputs
 
     for key, value in dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29513").items():
         os.environ.setdefault(key, value)
@@ -93,14 +91,7 @@ def main(argv=None) -> int:
         op = ops[hidden]
         kernels = op.path.kernels["triton"]
         forcer = FormForcer(kernels)
-        inputs = random_inputs(1, m, hidden, HC, seed=m, zero_row=False, permuted=True, device=device,
-                               drawn_on_device=True)
-        x = inputs["xs"][0]
-        consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], EPS)
-        mxfp8 = None
-        if variant == "quant":
-            mxfp8 = (torch.empty((m, hidden), dtype=torch.float8_e4m3fn, device=device),
-                     torch.empty(mxfp8_scale_bytes(m, hidden), dtype=torch.uint8, device=device))
+        x, consumer, mxfp8, _ = row_inputs(hidden, variant, m, device, HC, TOP_K, EPS)
         for form in args.fused:
             if form == "auto":
                 forcer.reset()
@@ -112,7 +103,7 @@ def main(argv=None) -> int:
             kernels.on_launch = None
             order.append(f"H={hidden} {variant} M={m} fused {form}: {launched[-1]}")
         forcer.reset()
-        residual_out, layer_input = torch.empty_like(inputs["residual"]), torch.empty_like(x)
+        residual_out, layer_input = torch.empty_like(consumer[0]), torch.empty_like(x)
         for strategy in args.strong:
             tail = StrongTail(hidden, HC, quantize=variant == "quant", strategy=strategy)
             profiled(lambda: tail(x, *consumer, residual_out, layer_input, mxfp8))

@@ -208,9 +208,9 @@ def broad_chunk(hidden: int, variant: str) -> int | None:
 # ceiling on registers (BROAD_HELD_MAX_REGISTERS), hinted and not: the shape of the strong tail's
 # wide form (one program an SM, a chunk's loads all in flight at once), which the benchmark's strong
 # tail took at M = 100-128 at H = 7168 (and quant at 4096 and 5120 M = 100) on one H200, where the
-# fused forms were 5-10% slower. Unlike that form it issues the second chunk's loads before it mixes the first (``PREFETCH``,
-# sm_90a SASS at H = 7168: the strong form issues them after the first chunk's stores). The calls it
-# takes: ``backend.LOCAL_X_BROAD_HELD_ROWS_PER_SM``.
+# fused forms were 5-10% slower. Unlike that form it issues the second chunk's loads before it mixes
+# the first (``PREFETCH``, sm_90a SASS at H = 7168: the strong form issues them after the first
+# chunk's stores). The calls it takes: ``backend.LOCAL_X_BROAD_HELD_ROWS_PER_SM``.
 BROAD_HELD_VARIANTS = ("plain", "quant")
 BROAD_HELD_MAX_CHUNKS = 2
 # ptxas's ceiling on registers, not its choice: 512 threads may then take 128 each, at the one program

@@ -62,3 +62,25 @@ class FormForcer:
             k.local_x_hinted_wide_rows = {variant: 0 for variant in k.local_x_hinted_wide_rows}
             # Every call moves at least 0 bytes of an L2 of 0; none is in an empty window.
             k.streamed_rows, k.l2_bytes = ((0, UNBOUNDED), 0) if hinted else ((0, 0), self.l2_bytes)
+
+
+def row_inputs(hidden: int, variant: str, m: int, device, hc: int = 4, top_k: int = 6, eps: float = 1e-6):
+    """A timed row's inputs, drawn on ``device`` (seeded by ``m``, no zero row, the finalize's routes
+    permuted): (x, the consumer's arguments from the streams to eps, the MXFP8 outputs or None, the
+    finalize's inputs or None)."""
+    import torch
+
+    from ..mxfp8 import mxfp8_scale_bytes
+    from ..testing import random_inputs
+
+    inputs = random_inputs(1, m, hidden, hc, seed=m, top_k=top_k if variant == "finalize" else 0, permuted=True,
+                           zero_row=False, device=device, drawn_on_device=True)
+    consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], eps)
+    mxfp8 = None
+    if variant == "quant":
+        mxfp8 = (torch.empty((m, hidden), dtype=torch.float8_e4m3fn, device=device),
+                 torch.empty(mxfp8_scale_bytes(m, hidden), dtype=torch.uint8, device=device))
+    finalize = None
+    if variant == "finalize":
+        finalize = (inputs["gemm2s"][0], inputs["weights"][0], inputs["idxs"][0], inputs["shareds"][0])
+    return inputs["xs"][0], consumer, mxfp8, finalize
