@@ -187,8 +187,9 @@ def _parked(token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES:
 
 @triton.jit
 def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN: tl.constexpr,
-                 CHUNK: tl.constexpr, ON_GPU: tl.constexpr):
-    """FlashInfer's MXFP8 rules on one chunk of the bf16 layer input (see lamport_mhc.mxfp8)."""
+                 CHUNK: tl.constexpr, ON_GPU: tl.constexpr, ZERO_PADDING: tl.constexpr):
+    """FlashInfer's MXFP8 rules on one chunk of the bf16 layer input (see lamport_mhc.mxfp8); with
+    ``ZERO_PADDING``, also the chunk's scales of the padding rows this token takes."""
     COLS: tl.constexpr = HIDDEN // 32
     PADDED_COLS: tl.constexpr = (COLS + 3) // 4 * 4
     # Ordered as integers, bf16 magnitudes compare like the values; a NaN lane only counts when the
@@ -209,28 +210,60 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     # 23.9 / 31.9 / 44.6 us against 24.3 / 31.4 / 43.7, no better at M = 512-4096 either.)
     cols = chunk * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
     tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
-    # Rows [M, roundup(M, 128)) of the last scale tile are zero: fewer than 128 rows, split into
-    # one contiguous run per token.
-    padding = (num_tokens + 127) // 128 * 128 - num_tokens
-    run = (padding + num_tokens - 1) // num_tokens
-    if token * run < padding:  # most tokens have no run
-        # A row's four scales of a 128-column group are one 4-byte word of the layout: zero words.
-        offsets = tl.arange(0, 128)
-        rows = num_tokens + token * run + offsets
-        in_run = (offsets < run) & (rows < num_tokens + padding)
-        groups = chunk * (CHUNK // 128) + tl.arange(0, CHUNK // 128)
-        words = scales_ptr + scale_offset(rows[:, None], 4 * groups[None, :], PADDED_COLS)
-        words = words.to(tl.pointer_type(tl.int32))
-        tl.store(words, tl.zeros([128, CHUNK // 128], tl.int32), mask=in_run[:, None] & (4 * groups < COLS)[None, :])
+    if ZERO_PADDING:
+        _zero_padding_scales(token, num_tokens, scales_ptr, chunk * (CHUNK // 128), CHUNK // 128, 128, HIDDEN)
+
+
+@triton.jit
+def _zero_padding_scales(token, num_tokens, scales_ptr, first_word, WORDS: tl.constexpr, ROWS: tl.constexpr,
+                         HIDDEN: tl.constexpr):
+    """Zero the scales of the padding rows [M, roundup(M, 128)) of the last scale tile that this
+    token takes: rows M + token + k M, k = 0, 1, ... (from M = 64 one at most; none where the token
+    is past the padding, as most are), ``ROWS`` a step, the 4-byte words [first_word, first_word +
+    WORDS) of each (a row's four scales of a 128-column group are one word of the layout). Strided
+    over the tokens, the rows need no division: as one contiguous run a token, the run's length (an
+    integer division by M) took about 30 sm_90a instructions a program."""
+    PADDED_COLS: tl.constexpr = (HIDDEN // 32 + 3) // 4 * 4
+    first_row = num_tokens % 128  # in the last tile
+    padding = (128 - first_row) % 128
+    if token < padding:
+        # The tile's words, [row // 128][word][row % 32][(row % 128) // 32] (lamport_mhc.mxfp8.scale_offset).
+        tile = scales_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (num_tokens // 128).to(tl.int64) * (
+            32 * PADDED_COLS)
+        words = first_word + tl.arange(0, WORDS)
+        k = tl.zeros([], tl.int32)
+        while token + k * num_tokens < padding:
+            rows = first_row + token.to(tl.int32) + (k + tl.arange(0, ROWS)) * num_tokens
+            offsets = (rows % 32) * 4 + rows // 32
+            tl.store(tile + offsets[:, None] + 128 * words[None, :], tl.zeros([ROWS, WORDS], tl.int32),
+                     mask=(rows < 128)[:, None] & (words < PADDED_COLS // 4)[None, :])
+            k += ROWS
+
+
+@triton.constexpr_function
+def _power_of_two_at_least(n):
+    return 1 << (n - 1).bit_length()
+
+
+@triton.jit
+def _zero_padding_scales_of_row(token, num_tokens, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr):
+    """``_zero_padding_scales`` over whole rows, once a token, after the row (the forms that walk
+    it: zeroed a chunk at a time in their chunks' loop, a token that took a padding row ran 45 sm_90a
+    instructions a chunk for it): a row's words in one tile, as many rows a step as the program has
+    threads for (CHUNK // 8)."""
+    WORDS: tl.constexpr = _power_of_two_at_least((HIDDEN // 32 + 3) // 4)
+    ROWS: tl.constexpr = (CHUNK // 8 + WORDS - 1) // WORDS
+    _zero_padding_scales(token, num_tokens, scales_ptr, 0, WORDS, ROWS, HIDDEN)
 
 
 @triton.jit
 def _normalize_chunk(prenorm_bits, gamma, inv_rms, token, num_tokens, chunk, h, in_row, layer_out_ptr,
                      values_ptr, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
-                     ON_GPU: tl.constexpr, PER_WARP: tl.constexpr = False):
-    """Normalize one chunk (``gamma``: its fp32 values) and store it (and its MXFP8 copy). ``inv_rms``:
-    a scalar, or with ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each scaling the
-    warp's columns."""
+                     ON_GPU: tl.constexpr, PER_WARP: tl.constexpr = False, ZERO_PADDING: tl.constexpr = False):
+    """Normalize one chunk (``gamma``: its fp32 values) and store it (and its MXFP8 copy; with
+    ``ZERO_PADDING``, the chunk's scales of the padding rows the token takes: ``_store_mxfp8``).
+    ``inv_rms``: a scalar, or with ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each
+    scaling the warp's columns."""
     prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
     if PER_WARP:
         PARTS: tl.constexpr = CHUNK // 256
@@ -240,7 +273,7 @@ def _normalize_chunk(prenorm_bits, gamma, inv_rms, token, num_tokens, chunk, h, 
     layer = f32_to_bf16(scaled * gamma, ON_GPU)
     tl.store(layer_out_ptr + token * HIDDEN + h, layer, mask=in_row)
     if VARIANT == QUANT:
-        _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK, ON_GPU)
+        _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK, ON_GPU, ZERO_PADDING)
 
 
 @triton.jit
@@ -308,6 +341,8 @@ def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_
         _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES, area), gamma, inv_rms, token,
                          num_tokens, chunk, h, in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT,
                          ON_GPU)
+    if VARIANT == QUANT:
+        _zero_padding_scales_of_row(token, num_tokens, scales_ptr, HIDDEN, CHUNK)
 
 
 @triton.jit
@@ -675,6 +710,8 @@ def consumer_kernel(
                     _normalize_chunk(held[chunk], gamma, inv_rms, token,
                                      num_tokens, chunk, h, h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
                                      CHUNK, VARIANT, ON_GPU)
+                if VARIANT == QUANT:
+                    _zero_padding_scales_of_row(token, num_tokens, scales_ptr, HIDDEN, CHUNK)
             else:
                 _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
                                CHUNK, CHUNKS, VARIANT, PARKED_BYTES, ON_GPU, PREFETCH, GAMMA_WORDS, area,
@@ -693,7 +730,8 @@ def consumer_kernel(
             inv_rms = _inverse_rms(tl.load(token_roots + root_index, mask=root_index < CHUNKS, other=0.0), eps,
                                    HIDDEN, ROOTS)
         _normalize_chunk(prenorm, bf16_to_f32(gamma, ON_GPU), inv_rms, token, num_tokens, part, h, h < HIDDEN,
-                         layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, PER_WARP=ON_GPU)
+                         layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, PER_WARP=ON_GPU,
+                         ZERO_PADDING=True)
     if ONE_KERNEL & MIX:
         if arrived == tl.num_programs(0) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)

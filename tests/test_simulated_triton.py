@@ -439,6 +439,25 @@ def test_the_broad_held_twin_of_x_gives_the_references_bits(hidden, variant):
     assert launched == [f"local_{variant}_broad_held", f"local_{variant}_broad_held_streamed"]
 
 
+@pytest.mark.parametrize("hidden,form,kernel", [(2048, "cooperative", "local_quant_split"),
+                                                (1024, "parked", "local_quant"), (1024, "held", "local_quant_held")])
+def test_each_walk_of_the_row_zeroes_the_scales_of_the_padding_rows(hidden, form, kernel):
+    """The padding rows [M, roundup(M, 128)) of the scale tile, strided over the tokens, in each of the
+    three places that zero them (a program per chunk, and once a token after the parked and the held
+    row): M = 1 (one token takes all 127), 63 (two tokens take two rows), 65 (a row each, the last
+    two none) and 129 (in the second tile); the scales start poisoned (``SimulatedGroup``)."""
+    from lamport_mhc.bench.local_forms import FormForcer
+
+    group = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=129, top_k=TOP_K,
+                           quantize_layer_input=True, split_rows=0)
+    kernels = group.paths[0].kernels["triton"]
+    FormForcer(kernels).force(form, False)
+    launched = _recording_launches(kernels)
+    for m in (1, 63, 65, 129):
+        check_simulated(group, random_inputs(1, m, hidden, HC, seed=hidden + m, top_k=TOP_K), "quant", EPS)
+    assert set(launched) == {kernel}, launched
+
+
 def test_local_calls_of_x_take_the_broad_held_twin_in_its_windows():
     """Calls of x in the broad held twin's windows take it before any other form (in the hinted
     windows its hinted twin, as do calls that stream past the L2); the finalize, which has no such
