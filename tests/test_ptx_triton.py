@@ -109,6 +109,15 @@ def test_contract_rounding(build):
             assert "fma.rn.f32" not in text, f"{name}: contraction where the contract has none"
 
 
+def test_no_kernel_divides_integers_at_run_time(build):
+    """Integer division by a runtime value is a long sequence in sm_90a SASS (about 30 instructions);
+    the quant consumers once took one a program, for the length of a token's run of padding rows of
+    the scales (now strided over the tokens, ``consumer._zero_padding_scales``)."""
+    _, ptx = build
+    for name, text in ptx.items():
+        assert not _ops(text, r"\b(?:div|rem)\.[su](?:32|64)\b"), name
+
+
 def test_pdl(build):
     _, ptx = build
     for name, text in ptx.items():
