@@ -3,11 +3,13 @@ not, against the strong tail's forms at the same rows, in one run; the data behi
 ``kernels_triton.backend`` (``LOCAL_X_*_ROWS_PER_SM``).
 
     torchrun --nproc-per-node 1 bench/local_forms.py --rows 4096:plain:128 7168:quant:256 [--rounds 2]
-        [--strong looped,looped-streamed,wide-streamed] [--out forms.json]
+        [--strong looped,looped-streamed,wide-streamed] [--no-pdl] [--out forms.json]
 
 Each row prints every form's median us (50 calls a CUDA graph, 5 replays; a form the plan lacks is
 the form the call would take, listed once) and the fastest of each side. Exits 1 when two forms'
-outputs differ in a bit: every form gives the contract's bits.
+outputs differ in a bit: every form gives the contract's bits. ``--no-pdl`` launches both sides'
+kernels plainly: the graph's calls then run one after another, none overlapping the call before
+(compared with a run with PDL, what the overlap gives each side).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def digest(tensors) -> str:
     return h.hexdigest()
 
 
-def measure_row(op, forcer, hidden, variant, m, strong_forms, device) -> dict:
+def measure_row(op, forcer, hidden, variant, m, strong_forms, device, pdl=True) -> dict:
     x, consumer, mxfp8, finalize = row_inputs(hidden, variant, m, device, HC, TOP_K, EPS)
 
     def fused():
@@ -75,9 +77,9 @@ def measure_row(op, forcer, hidden, variant, m, strong_forms, device) -> dict:
     forcer.reset()
     residual_out, layer_input = torch.empty_like(consumer[0]), torch.empty_like(x)
     contribution = torch.empty_like(x)
-    strong_finalize = StrongFinalize(hidden, TOP_K)
+    strong_finalize = StrongFinalize(hidden, TOP_K, pdl=pdl)
     for strategy in strong_forms:
-        tail = StrongTail(hidden, HC, quantize=variant == "quant", strategy=strategy)
+        tail = StrongTail(hidden, HC, quantize=variant == "quant", strategy=strategy, pdl=pdl)
 
         def unfused(tail=tail):
             reduced = strong_finalize(*finalize, contribution) if finalize is not None else x
@@ -93,6 +95,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="times every row is measured (in turn)")
     parser.add_argument("--strong", default="looped,looped-streamed,wide-streamed",
                         help="the strong tail's forms (lamport_mhc.bench.strong_tail.STRATEGIES)")
+    parser.add_argument("--no-pdl", action="store_true", help="plain launches on both sides, no PDL")
     parser.add_argument("--out", type=Path, help="every measurement as JSON")
     args = parser.parse_args()
     dist.init_process_group("nccl")
@@ -101,13 +104,14 @@ def main() -> int:
     for hidden in sorted({h for h, _, _ in args.rows}):
         capacity = max(128, *(m for h, _, m in args.rows if h == hidden))
         ops[hidden] = AllReduceMHC(hidden, HC, capacity, TOP_K, device, quantize_layer_input=True,
-                                   config=AllReduceMHCConfig(backend="triton"))
+                                   config=AllReduceMHCConfig(backend="triton", use_pdl=not args.no_pdl))
         forcers[hidden] = FormForcer(ops[hidden].path.kernels["triton"])
     results, ok = [], True
     for turn in range(args.rounds):
         for hidden, variant, m in args.rows:
-            row = measure_row(ops[hidden], forcers[hidden], hidden, variant, m, args.strong.split(","), device)
-            row["round"] = turn
+            row = measure_row(ops[hidden], forcers[hidden], hidden, variant, m, args.strong.split(","), device,
+                              pdl=not args.no_pdl)
+            row["round"], row["pdl"] = turn, not args.no_pdl
             results.append(row)
             ok &= row["same_bits"]
             fused = min(row["fused"], key=row["fused"].get)

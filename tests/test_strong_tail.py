@@ -111,3 +111,16 @@ def test_gpu_check_script_runs_under_the_interpreter():
                              "256", "--rows", "2"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "H=256 finalize M=2" in result.stdout and "strong tail: meets the bar" in result.stdout
+
+
+@pytest.mark.parametrize("strategy", ["looped", "split"])
+def test_pdl_off_leaves_no_grid_dependency_control(strategy):
+    """With ``pdl`` off (the forms probe's ``--no-pdl``, as the fused kernels' ``use_pdl``) no kernel of
+    a call waits on or triggers a programmatic dependent launch; with it on every kernel does both."""
+    for pdl in (True, False):
+        ptx = StrongTail(H, 4, quantize=True, strategy=strategy, pdl=pdl).compile_offline()
+        for name, text in ptx.items():
+            if pdl:
+                assert "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text, name
+            else:
+                assert "griddepcontrol" not in text, name

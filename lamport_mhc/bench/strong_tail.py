@@ -20,15 +20,15 @@ def _chunk(hidden: int, widest: int = 1024) -> int:
 
 
 def _launch(kernel, grid, interpret: bool, num_warps: int, *args, extra_shared: int = 0, max_registers: int = 0,
-            **constexprs) -> None:
-    """On the GPU every kernel is a programmatic dependent launch (``PDL``), as the fused kernels are;
-    ``extra_shared``: bytes of dynamic shared memory past Triton's own (the looped form's parked row);
+            pdl: bool = True, **constexprs) -> None:
+    """On the GPU every kernel is a programmatic dependent launch (``PDL``), as the fused kernels are,
+    unless ``pdl`` is off (as the fused kernels' ``use_pdl``); ``extra_shared``: bytes of dynamic shared memory past Triton's own (the looped form's parked row);
     ``max_registers``: ptxas's cap per thread (0: the compiler's choice)."""
     if interpret:
         from kernels_triton.interpret import launch_interpreted
         launch_interpreted(kernel, grid, *args, **constexprs)
         return
-    options = dict(**constexprs, PDL=True, num_warps=num_warps, launch_pdl=True)
+    options = dict(**constexprs, PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
     if max_registers:
         options["maxnreg"] = max_registers
     if extra_shared:  # the compiled kernel of this call's specialization, before it launches
@@ -89,10 +89,10 @@ class StrongTail:
     1024-wide piece), two kernels (the mix, then the norm over the row's partial sums of squares),
     for M too small to fill the GPU with rows; "looped": one program per token walking its row in a
     loop, the next piece's loads in flight, in 64 registers; "-streamed": with cache hints for what
-    passes once."""
+    passes once. ``pdl``: the kernels are programmatic dependent launches (off: plain launches)."""
 
     def __init__(self, hidden: int, hc: int, quantize: bool = False, interpret: bool = False, num_warps: int = 4,
-                 strategy: str = "row"):
+                 strategy: str = "row", pdl: bool = True):
         if hc not in (1, 2, 4):
             raise ValueError(f"the strong tail is written for hc in 1, 2, 4, got {hc}")
         if hidden % (128 if quantize else 32):
@@ -101,6 +101,7 @@ class StrongTail:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.hidden, self.hc, self.quantize, self.interpret, self.num_warps = hidden, hc, quantize, interpret, num_warps
+        self.pdl = pdl
         self.form, _, hints = strategy.partition("-")
         self.streamed = hints == "streamed"
         self.chunk = _chunk(hidden)
@@ -153,17 +154,17 @@ class StrongTail:
             (kernel, warps, constexprs, max_registers), = launches
             _launch(kernel, (rows,), self.interpret, warps,
                     reduced, residual, post, comb, pre, weight, residual_out, layer_input, values, scales, m, eps,
-                    extra_shared=self.parked_bytes, max_registers=max_registers, **constexprs)
+                    extra_shared=self.parked_bytes, max_registers=max_registers, pdl=self.pdl, **constexprs)
             return
         (mix, mix_warps, mix_constexprs, _), (norm, norm_warps, norm_constexprs, _) = launches
         partial = torch.empty(m * self.pieces, dtype=torch.float32, device=reduced.device)
         _launch(mix, (m, self.pieces), self.interpret, mix_warps,
-                reduced, residual, post, comb, pre, residual_out, layer_input, partial, **mix_constexprs)
+                reduced, residual, post, comb, pre, residual_out, layer_input, partial, pdl=self.pdl, **mix_constexprs)
         _launch(norm, (rows, self.pieces), self.interpret, norm_warps,
-                layer_input, weight, partial, values, scales, m, eps, **norm_constexprs)
+                layer_input, weight, partial, values, scales, m, eps, pdl=self.pdl, **norm_constexprs)
 
     def compile_offline(self, arch: str = "sm_90a") -> dict[str, str]:
-        """PTX of each kernel a call launches on the GPU (PDL on, as ``_launch`` runs them), keyed
+        """PTX of each kernel a call launches on the GPU (PDL as ``_launch`` runs them), keyed
         ``strong_{strategy}_{plain|quant}`` (the split form: ``_mix`` and ``_norm``), for comparing
         what each side runs without a GPU (``python -m lamport_mhc ptx --strong``)."""
         from kernels_triton.offline import compile_kernel
@@ -183,18 +184,19 @@ class StrongTail:
             signature = {arg: types[arg] for arg in kernel.arg_names if arg in types}
             options = dict(num_warps=warps, **({"maxnreg": max_registers} if max_registers else {}))
             ptx[f"strong_{strategy.replace('-', '_')}_{variant}{suffix}"] = compile_kernel(
-                kernel, signature, dict(constexprs, PDL=True), options, arch, launch_pdl=True)
+                kernel, signature, dict(constexprs, PDL=self.pdl), options, arch, launch_pdl=self.pdl)
         return ptx
 
 
 class StrongFinalize:
     """The MoE finalize as engines' finalize kernels do it: per token the top-k weighted sum of the
-    permuted GEMM2 rows (-1: not held here, not read) plus the shared expert, into ``out``."""
+    permuted GEMM2 rows (-1: not held here, not read) plus the shared expert, into ``out``; ``pdl`` as
+    ``StrongTail``'s."""
 
-    def __init__(self, hidden: int, top_k: int, interpret: bool = False, num_warps: int = 4):
+    def __init__(self, hidden: int, top_k: int, interpret: bool = False, num_warps: int = 4, pdl: bool = True):
         if hidden % 32:
             raise ValueError(f"hidden must be a multiple of 32, got {hidden}")
-        self.hidden, self.top_k, self.interpret, self.num_warps = hidden, top_k, interpret, num_warps
+        self.hidden, self.top_k, self.interpret, self.num_warps, self.pdl = hidden, top_k, interpret, num_warps, pdl
         self.chunk = _chunk(hidden)
 
     def __call__(self, gemm2, weights, indices, shared, out) -> torch.Tensor:
@@ -205,5 +207,6 @@ class StrongFinalize:
                              f"{list(indices.shape)}")
         m = indices.shape[0]
         _launch(moe_finalize_kernel, (m, self.hidden // self.chunk), self.interpret, self.num_warps,
-                gemm2, weights, indices, shared, out, HIDDEN=self.hidden, TOP_K=self.top_k, CHUNK=self.chunk)
+                gemm2, weights, indices, shared, out, pdl=self.pdl, HIDDEN=self.hidden, TOP_K=self.top_k,
+                CHUNK=self.chunk)
         return out
