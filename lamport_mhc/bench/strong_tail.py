@@ -22,8 +22,9 @@ def _chunk(hidden: int, widest: int = 1024) -> int:
 def _launch(kernel, grid, interpret: bool, num_warps: int, *args, extra_shared: int = 0, max_registers: int = 0,
             pdl: bool = True, **constexprs) -> None:
     """On the GPU every kernel is a programmatic dependent launch (``PDL``), as the fused kernels are,
-    unless ``pdl`` is off (as the fused kernels' ``use_pdl``); ``extra_shared``: bytes of dynamic shared memory past Triton's own (the looped form's parked row);
-    ``max_registers``: ptxas's cap per thread (0: the compiler's choice)."""
+    unless ``pdl`` is off (as the fused kernels' ``use_pdl``); ``extra_shared``: bytes of dynamic
+    shared memory past Triton's own (the looped form's parked row); ``max_registers``: ptxas's cap
+    per thread (0: the compiler's choice)."""
     if interpret:
         from kernels_triton.interpret import launch_interpreted
         launch_interpreted(kernel, grid, *args, **constexprs)
