@@ -186,10 +186,10 @@ def _parked(token, h, in_row, layer_out_ptr, HIDDEN: tl.constexpr, PARKED_BYTES:
 
 
 @triton.jit
-def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN: tl.constexpr,
-                 CHUNK: tl.constexpr, ON_GPU: tl.constexpr, ZERO_PADDING: tl.constexpr):
-    """FlashInfer's MXFP8 rules on one chunk of the bf16 layer input (see lamport_mhc.mxfp8); with
-    ``ZERO_PADDING``, also the chunk's scales of the padding rows this token takes."""
+def _store_mxfp8(layer, token, chunk, h, values_ptr, scales_ptr, HIDDEN: tl.constexpr,
+                 CHUNK: tl.constexpr, ON_GPU: tl.constexpr):
+    """FlashInfer's MXFP8 rules on one chunk of the bf16 layer input (see lamport_mhc.mxfp8); the
+    scales of the padding rows are the callers' (``_zero_padding_scales``)."""
     COLS: tl.constexpr = HIDDEN // 32
     PADDED_COLS: tl.constexpr = (COLS + 3) // 4 * 4
     # Ordered as integers, bf16 magnitudes compare like the values; a NaN lane only counts when the
@@ -210,8 +210,6 @@ def _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HID
     # 23.9 / 31.9 / 44.6 us against 24.3 / 31.4 / 43.7, no better at M = 512-4096 either.)
     cols = chunk * (CHUNK // 32) + tl.arange(0, CHUNK // 32)
     tl.store(scales_ptr + scale_offset(token, cols, PADDED_COLS), scale.to(tl.uint8), mask=cols < COLS)
-    if ZERO_PADDING:
-        _zero_padding_scales(token, num_tokens, scales_ptr, chunk * (CHUNK // 128), CHUNK // 128, 128, HIDDEN)
 
 
 @triton.jit
@@ -257,13 +255,12 @@ def _zero_padding_scales_of_row(token, num_tokens, scales_ptr, HIDDEN: tl.conste
 
 
 @triton.jit
-def _normalize_chunk(prenorm_bits, gamma, inv_rms, token, num_tokens, chunk, h, in_row, layer_out_ptr,
+def _normalize_chunk(prenorm_bits, gamma, inv_rms, token, chunk, h, in_row, layer_out_ptr,
                      values_ptr, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, VARIANT: tl.constexpr,
-                     ON_GPU: tl.constexpr, PER_WARP: tl.constexpr = False, ZERO_PADDING: tl.constexpr = False):
-    """Normalize one chunk (``gamma``: its fp32 values) and store it (and its MXFP8 copy; with
-    ``ZERO_PADDING``, the chunk's scales of the padding rows the token takes: ``_store_mxfp8``).
-    ``inv_rms``: a scalar, or with ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each
-    scaling the warp's columns."""
+                     ON_GPU: tl.constexpr, PER_WARP: tl.constexpr = False):
+    """Normalize one chunk (``gamma``: its fp32 values) and store it (and its MXFP8 copy). ``inv_rms``:
+    a scalar, or with ``PER_WARP`` a copy per warp (``_exchanged_inverse_rms``), each scaling the
+    warp's columns."""
     prenorm = bf16_to_f32(prenorm_bits, ON_GPU)
     if PER_WARP:
         PARTS: tl.constexpr = CHUNK // 256
@@ -273,7 +270,7 @@ def _normalize_chunk(prenorm_bits, gamma, inv_rms, token, num_tokens, chunk, h, 
     layer = f32_to_bf16(scaled * gamma, ON_GPU)
     tl.store(layer_out_ptr + token * HIDDEN + h, layer, mask=in_row)
     if VARIANT == QUANT:
-        _store_mxfp8(layer, token, num_tokens, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK, ON_GPU, ZERO_PADDING)
+        _store_mxfp8(layer, token, chunk, h, values_ptr, scales_ptr, HIDDEN, CHUNK, ON_GPU)
 
 
 @triton.jit
@@ -339,7 +336,7 @@ def _normalize_row(inv_rms, token, num_tokens, gamma_ptr, layer_out_ptr, values_
         else:
             gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=in_row, other=0), ON_GPU)
         _normalize_chunk(_parked(token, h, in_row, layer_out_ptr, HIDDEN, PARKED_BYTES, area), gamma, inv_rms, token,
-                         num_tokens, chunk, h, in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT,
+                         chunk, h, in_row, layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT,
                          ON_GPU)
     if VARIANT == QUANT:
         _zero_padding_scales_of_row(token, num_tokens, scales_ptr, HIDDEN, CHUNK)
@@ -708,7 +705,7 @@ def consumer_kernel(
                     else:
                         gamma = bf16_to_f32(tl.load(gamma_ptr + h, mask=h < HIDDEN, other=0), ON_GPU)
                     _normalize_chunk(held[chunk], gamma, inv_rms, token,
-                                     num_tokens, chunk, h, h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
+                                     chunk, h, h < HIDDEN, layer_out_ptr, values_ptr, scales_ptr, HIDDEN,
                                      CHUNK, VARIANT, ON_GPU)
                 if VARIANT == QUANT:
                     _zero_padding_scales_of_row(token, num_tokens, scales_ptr, HIDDEN, CHUNK)
@@ -729,9 +726,10 @@ def consumer_kernel(
         else:
             inv_rms = _inverse_rms(tl.load(token_roots + root_index, mask=root_index < CHUNKS, other=0.0), eps,
                                    HIDDEN, ROOTS)
-        _normalize_chunk(prenorm, bf16_to_f32(gamma, ON_GPU), inv_rms, token, num_tokens, part, h, h < HIDDEN,
-                         layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, PER_WARP=ON_GPU,
-                         ZERO_PADDING=True)
+        _normalize_chunk(prenorm, bf16_to_f32(gamma, ON_GPU), inv_rms, token, part, h, h < HIDDEN,
+                         layer_out_ptr, values_ptr, scales_ptr, HIDDEN, CHUNK, VARIANT, ON_GPU, PER_WARP=ON_GPU)
+        if VARIANT == QUANT:  # its chunk's words of the padding rows the token takes
+            _zero_padding_scales(token, num_tokens, scales_ptr, part * (CHUNK // 128), CHUNK // 128, 128, HIDDEN)
     if ONE_KERNEL & MIX:
         if arrived == tl.num_programs(0) - 1:
             lamport.reset_arrivals_and_advance(state_ptr, generation)
