@@ -3,13 +3,18 @@ not, against the strong tail's forms at the same rows, in one run; the data behi
 ``kernels_triton.backend`` (``LOCAL_X_*_ROWS_PER_SM``).
 
     torchrun --nproc-per-node 1 bench/local_forms.py --rows 4096:plain:128 7168:quant:256 [--rounds 2]
-        [--strong looped,looped-streamed,wide-streamed] [--no-pdl] [--out forms.json]
+        [--fused auto,wide,wide-hinted] [--strong looped,looped-streamed,wide-streamed]
+        [--strong-allocates] [--no-pdl] [--out forms.json]
 
 Each row prints every form's median us (50 calls a CUDA graph, 5 replays; a form the plan lacks is
 the form the call would take, listed once) and the fastest of each side. Exits 1 when two forms'
-outputs differ in a bit: every form gives the contract's bits. ``--no-pdl`` launches both sides'
-kernels plainly: the graph's calls then run one after another, none overlapping the call before
-(compared with a run with PDL, what the overlap gives each side).
+outputs differ in a bit: every form gives the contract's bits. Two switches isolate what differs
+between the sides' graphs, each compared with a run without it:
+- ``--no-pdl`` launches both sides' kernels plainly: the graph's calls then run one after another,
+  none overlapping the call before (what the overlap gives each side);
+- ``--strong-allocates`` has every call of the strong tail allocate its outputs, from the graph's
+  pool as the fused op's calls do, where they otherwise go to buffers allocated once (what the
+  outputs' addresses give each side).
 """
 
 from __future__ import annotations
@@ -27,18 +32,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from lamport_mhc import AllReduceMHC, AllReduceMHCConfig  # noqa: E402
-from lamport_mhc.bench.local_forms import FORMS, FormForcer, row_inputs  # noqa: E402
+from lamport_mhc.bench.local_forms import (  # noqa: E402
+    FORMS, HC, TOP_K, FormForcer, force_label, parse_fused, parse_strong, row_inputs, row_parser)
 from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail  # noqa: E402
 from lamport_mhc.bench.timing import time_graph  # noqa: E402
 
-EPS, HC, TOP_K, CALLS, REPLAYS = 1e-6, 4, 6, 50, 5
-
-
-def parse_row(text: str) -> tuple[int, str, int]:
-    hidden, variant, m = text.split(":")
-    if variant not in ("plain", "quant", "finalize"):
-        raise argparse.ArgumentTypeError(f"variant must be plain, quant or finalize, got {variant!r}")
-    return int(hidden), variant, int(m)
+CALLS, REPLAYS = 50, 5
+EVERY_FUSED_FORM = ",".join(["auto", *(form + hints for form in FORMS for hints in ("", "-hinted"))])
 
 
 def digest(tensors) -> str:
@@ -48,8 +48,9 @@ def digest(tensors) -> str:
     return h.hexdigest()
 
 
-def measure_row(op, forcer, hidden, variant, m, strong_forms, device, pdl=True) -> dict:
-    x, consumer, mxfp8, finalize = row_inputs(hidden, variant, m, device, HC, TOP_K, EPS)
+def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, device, pdl=True,
+                strong_allocates=False) -> dict:
+    x, consumer, mxfp8, finalize = row_inputs(hidden, variant, m, device)
 
     def fused():
         if finalize is not None:
@@ -58,22 +59,17 @@ def measure_row(op, forcer, hidden, variant, m, strong_forms, device, pdl=True) 
 
     kernels, row = forcer.kernels, dict(hidden=hidden, variant=variant, m=m, fused={}, kernel={}, strong={})
     hashes = set()
-    for form in [None, *FORMS]:
-        for hinted in (None,) if form is None else (False, True):
-            if form is None:
-                forcer.reset()
-            else:
-                forcer.force(form, hinted)
-            launched = []
-            kernels.on_launch = lambda name, programs: launched.append(name)
-            outputs = fused()
-            kernels.on_launch = None
-            hashes.add(digest([*outputs, *(mxfp8 or ())]))
-            label = "auto" if form is None else form + ("-hinted" if hinted else "")
-            if form is not None and launched[-1] in row["kernel"].values():
-                continue  # the plan lacks the form: the call took one already timed
-            row["kernel"][label] = launched[-1]
-            row["fused"][label] = statistics.median(time_graph(fused, CALLS, REPLAYS))
+    for label in fused_forms:
+        force_label(forcer, label)
+        launched = []
+        kernels.on_launch = lambda name, programs: launched.append(name)
+        outputs = fused()
+        kernels.on_launch = None
+        hashes.add(digest([*outputs, *(mxfp8 or ())]))
+        if label != "auto" and launched[-1] in row["kernel"].values():
+            continue  # the plan lacks the form: the call took one already timed
+        row["kernel"][label] = launched[-1]
+        row["fused"][label] = statistics.median(time_graph(fused, CALLS, REPLAYS))
     forcer.reset()
     residual_out, layer_input = torch.empty_like(consumer[0]), torch.empty_like(x)
     contribution = torch.empty_like(x)
@@ -82,8 +78,12 @@ def measure_row(op, forcer, hidden, variant, m, strong_forms, device, pdl=True) 
         tail = StrongTail(hidden, HC, quantize=variant == "quant", strategy=strategy, pdl=pdl)
 
         def unfused(tail=tail):
-            reduced = strong_finalize(*finalize, contribution) if finalize is not None else x
-            tail(reduced, *consumer, residual_out, layer_input, mxfp8)
+            # Allocating, a call takes its buffers from the graph's pool, as the fused op's calls do.
+            new = torch.empty_like if strong_allocates else (lambda buffer: buffer)
+            reduced = x if finalize is None else strong_finalize(*finalize, new(contribution))
+            outputs = new(residual_out), new(layer_input)
+            tail(reduced, *consumer, *outputs, mxfp8)
+            return outputs
         row["strong"][strategy] = statistics.median(time_graph(unfused, CALLS, REPLAYS))
     row["same_bits"] = len(hashes) == 1
     return row
@@ -91,10 +91,17 @@ def measure_row(op, forcer, hidden, variant, m, strong_forms, device, pdl=True) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=parse_row, nargs="+", required=True, help="HIDDEN:VARIANT:M ...")
+    parser.add_argument("--rows", type=row_parser(("plain", "quant", "finalize")), nargs="+", required=True,
+                        help="HIDDEN:VARIANT:M ...")
     parser.add_argument("--rounds", type=int, default=2, help="times every row is measured (in turn)")
-    parser.add_argument("--strong", default="looped,looped-streamed,wide-streamed",
+    parser.add_argument("--fused", type=parse_fused, default=EVERY_FUSED_FORM,
+                        help="the fused forms (auto, lamport_mhc.bench.local_forms.FORMS, each also -hinted); "
+                             "default: all")
+    parser.add_argument("--strong", type=parse_strong, default="looped,looped-streamed,wide-streamed",
                         help="the strong tail's forms (lamport_mhc.bench.strong_tail.STRATEGIES)")
+    parser.add_argument("--strong-allocates", action="store_true",
+                        help="the strong tail's outputs allocated by every call, as the fused op's are "
+                             "(default: written into buffers allocated once)")
     parser.add_argument("--no-pdl", action="store_true", help="plain launches on both sides, no PDL")
     parser.add_argument("--out", type=Path, help="every measurement as JSON")
     args = parser.parse_args()
@@ -109,9 +116,9 @@ def main() -> int:
     results, ok = [], True
     for turn in range(args.rounds):
         for hidden, variant, m in args.rows:
-            row = measure_row(ops[hidden], forcers[hidden], hidden, variant, m, args.strong.split(","), device,
-                              pdl=not args.no_pdl)
-            row["round"], row["pdl"] = turn, not args.no_pdl
+            row = measure_row(ops[hidden], forcers[hidden], hidden, variant, m, args.fused, args.strong, device,
+                              pdl=not args.no_pdl, strong_allocates=args.strong_allocates)
+            row["round"], row["pdl"], row["strong_allocates"] = turn, not args.no_pdl, args.strong_allocates
             results.append(row)
             ok &= row["same_bits"]
             fused = min(row["fused"], key=row["fused"].get)

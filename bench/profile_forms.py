@@ -22,34 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lamport_mhc.bench.local_forms import FORMS  # noqa: E402
-from lamport_mhc.bench.strong_tail import STRATEGIES  # noqa: E402
+from lamport_mhc.bench.local_forms import parse_fused, parse_strong, row_parser  # noqa: E402
 
-EPS, HC, TOP_K = 1e-6, 4, 6
-
-
-def parse_row(text: str) -> tuple[int, str, int]:
-    hidden, variant, m = text.split(":")
-    if variant not in ("plain", "quant"):
-        raise argparse.ArgumentTypeError(f"variant must be plain or quant, got {variant!r}")
-    return int(hidden), variant, int(m)
-
-
-def parse_fused(text: str) -> list[str]:
-    """"auto" or a form of ``FORMS``, "-hinted" for its twin with the cache hints."""
-    forms = text.split(",") if text else []
-    for form in forms:
-        if form != "auto" and form.removesuffix("-hinted") not in FORMS:
-            raise argparse.ArgumentTypeError(f"fused forms are auto or {sorted(FORMS)} (+ -hinted), got {form!r}")
-    return forms
-
-
-def parse_strong(text: str) -> list[str]:
-    forms = text.split(",") if text else []
-    for form in forms:
-        if form not in STRATEGIES:
-            raise argparse.ArgumentTypeError(f"strong forms are {STRATEGIES}, got {form!r}")
-    return forms
+parse_row = row_parser(("plain", "quant"))
 
 
 def main(argv=None) -> int:
@@ -64,7 +39,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     from lamport_mhc import AllReduceMHC, AllReduceMHCConfig
-    from lamport_mhc.bench.local_forms import FormForcer, row_inputs
+    from lamport_mhc.bench.local_forms import HC, TOP_K, FormForcer, force_label, row_inputs
     from lamport_mhc.bench.strong_tail import StrongTail
 
     for key, value in dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29513").items():
@@ -91,12 +66,9 @@ def main(argv=None) -> int:
         op = ops[hidden]
         kernels = op.path.kernels["triton"]
         forcer = FormForcer(kernels)
-        x, consumer, mxfp8, _ = row_inputs(hidden, variant, m, device, HC, TOP_K, EPS)
+        x, consumer, mxfp8, _ = row_inputs(hidden, variant, m, device)
         for form in args.fused:
-            if form == "auto":
-                forcer.reset()
-            else:
-                forcer.force(form.removesuffix("-hinted"), form.endswith("-hinted"))
+            force_label(forcer, form)
             launched = []
             kernels.on_launch = lambda name, programs: launched.append(name)
             profiled(lambda: op(x, *consumer, mxfp8_out=mxfp8))

@@ -5,12 +5,18 @@ held form (``kernels_triton.backend``: ``LOCAL_X_*_ROWS_PER_SM``) are measured b
 at the same rows in one run; ``bench/local_forms.py`` does so on a GPU, against the strong tail's forms.
 ``FormForcer`` sets a build's windows so that every local call takes one form (where its plan has
 it; otherwise the calls keep the form they would take), hinted or not, and puts the measured
-windows back.
+windows back. The probe scripts (``bench/local_forms.py``, ``bench/profile_forms.py``) share the
+rows they draw (``row_inputs``) and their command line's rows and forms (``row_parser``,
+``parse_fused``, ``parse_strong``).
 """
 
 from __future__ import annotations
 
+import argparse
+
 from kernels_triton.backend import UNBOUNDED
+
+HC, TOP_K, EPS = 4, 6, 1e-6  # the probes' streams, routes and norm epsilon
 
 # Form -> which windows hold every call (True), none (False), or stay as derived (absent).
 FORMS = {
@@ -64,7 +70,48 @@ class FormForcer:
             k.streamed_rows, k.l2_bytes = ((0, UNBOUNDED), 0) if hinted else ((0, 0), self.l2_bytes)
 
 
-def row_inputs(hidden: int, variant: str, m: int, device, hc: int = 4, top_k: int = 6, eps: float = 1e-6):
+def row_parser(variants: tuple[str, ...]):
+    """The parser of a probe's ``HIDDEN:VARIANT:M`` rows, of the given variants."""
+    def parse_row(text: str) -> tuple[int, str, int]:
+        hidden, variant, m = text.split(":")
+        if variant not in variants:
+            named = " or ".join(filter(None, (", ".join(variants[:-1]), variants[-1])))
+            raise argparse.ArgumentTypeError(f"variant must be {named}, got {variant!r}")
+        return int(hidden), variant, int(m)
+    return parse_row
+
+
+def parse_fused(text: str) -> list[str]:
+    """Comma-separated fused forms: "auto" or a form of ``FORMS``, "-hinted" for its twin with the
+    cache hints."""
+    forms = text.split(",") if text else []
+    for form in forms:
+        if form != "auto" and form.removesuffix("-hinted") not in FORMS:
+            raise argparse.ArgumentTypeError(f"fused forms are auto or {sorted(FORMS)} (+ -hinted), got {form!r}")
+    return forms
+
+
+def parse_strong(text: str) -> list[str]:
+    """Comma-separated forms of the strong tail (``strong_tail.STRATEGIES``)."""
+    from .strong_tail import STRATEGIES
+
+    forms = text.split(",") if text else []
+    for form in forms:
+        if form not in STRATEGIES:
+            raise argparse.ArgumentTypeError(f"strong forms are {STRATEGIES}, got {form!r}")
+    return forms
+
+
+def force_label(forcer: FormForcer, label: str) -> None:
+    """Have ``forcer``'s build take the fused form ``label`` (``parse_fused``): "auto" puts the measured
+    windows back."""
+    if label == "auto":
+        forcer.reset()
+    else:
+        forcer.force(label.removesuffix("-hinted"), label.endswith("-hinted"))
+
+
+def row_inputs(hidden: int, variant: str, m: int, device, hc: int = HC, top_k: int = TOP_K, eps: float = EPS):
     """A timed row's inputs, drawn on ``device`` (seeded by ``m``, no zero row, the finalize's routes
     permuted): (x, the consumer's arguments from the streams to eps, the MXFP8 outputs or None, the
     finalize's inputs or None)."""
