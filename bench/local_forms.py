@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from lamport_mhc import AllReduceMHC, AllReduceMHCConfig  # noqa: E402
 from lamport_mhc.bench.local_forms import (  # noqa: E402
-    FORMS, HC, TOP_K, FormForcer, force_label, parse_fused, parse_strong, row_inputs, row_parser)
+    FORMS, HC, TOP_K, FormForcer, force_label, kernel_launched, parse_fused, parse_strong, probe_op, row_inputs,
+    row_parser)
 from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail  # noqa: E402
 from lamport_mhc.bench.timing import time_graph  # noqa: E402
 
@@ -61,14 +61,11 @@ def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, devic
     hashes = set()
     for label in fused_forms:
         force_label(forcer, label)
-        launched = []
-        kernels.on_launch = lambda name, programs: launched.append(name)
-        outputs = fused()
-        kernels.on_launch = None
+        outputs, kernel = kernel_launched(kernels, fused)
         hashes.add(digest([*outputs, *(mxfp8 or ())]))
-        if label != "auto" and launched[-1] in row["kernel"].values():
+        if label != "auto" and kernel in row["kernel"].values():
             continue  # the plan lacks the form: the call took one already timed
-        row["kernel"][label] = launched[-1]
+        row["kernel"][label] = kernel
         row["fused"][label] = statistics.median(time_graph(fused, CALLS, REPLAYS))
     forcer.reset()
     residual_out, layer_input = torch.empty_like(consumer[0]), torch.empty_like(x)
@@ -109,9 +106,7 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     ops, forcers = {}, {}
     for hidden in sorted({h for h, _, _ in args.rows}):
-        capacity = max(128, *(m for h, _, m in args.rows if h == hidden))
-        ops[hidden] = AllReduceMHC(hidden, HC, capacity, TOP_K, device, quantize_layer_input=True,
-                                   config=AllReduceMHCConfig(backend="triton", use_pdl=not args.no_pdl))
+        ops[hidden] = probe_op(hidden, args.rows, device, use_pdl=not args.no_pdl)
         forcers[hidden] = FormForcer(ops[hidden].path.kernels["triton"])
     results, ok = [], True
     for turn in range(args.rounds):

@@ -38,8 +38,7 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
 
-    from lamport_mhc import AllReduceMHC, AllReduceMHCConfig
-    from lamport_mhc.bench.local_forms import HC, TOP_K, FormForcer, force_label, row_inputs
+    from lamport_mhc.bench.local_forms import HC, FormForcer, force_label, kernel_launched, probe_op, row_inputs
     from lamport_mhc.bench.strong_tail import StrongTail
 
     for key, value in dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29513").items():
@@ -60,20 +59,15 @@ def main(argv=None) -> int:
     ops, order = {}, []
     for hidden, variant, m in args.rows:
         if hidden not in ops:
-            capacity = max(128, *(rows for h, _, rows in args.rows if h == hidden))
-            ops[hidden] = AllReduceMHC(hidden, HC, capacity, TOP_K, device, quantize_layer_input=True,
-                                       config=AllReduceMHCConfig(backend="triton"))
+            ops[hidden] = probe_op(hidden, args.rows, device)
         op = ops[hidden]
         kernels = op.path.kernels["triton"]
         forcer = FormForcer(kernels)
         x, consumer, mxfp8, _ = row_inputs(hidden, variant, m, device)
         for form in args.fused:
             force_label(forcer, form)
-            launched = []
-            kernels.on_launch = lambda name, programs: launched.append(name)
-            profiled(lambda: op(x, *consumer, mxfp8_out=mxfp8))
-            kernels.on_launch = None
-            order.append(f"H={hidden} {variant} M={m} fused {form}: {launched[-1]}")
+            _, kernel = kernel_launched(kernels, lambda: profiled(lambda: op(x, *consumer, mxfp8_out=mxfp8)))
+            order.append(f"H={hidden} {variant} M={m} fused {form}: {kernel}")
         forcer.reset()
         residual_out, layer_input = torch.empty_like(consumer[0]), torch.empty_like(x)
         for strategy in args.strong:

@@ -70,3 +70,19 @@ def test_an_unknown_form_is_refused():
     with pytest.raises(ValueError, match="form must be one of"):
         FormForcer(_kernels(4096)).force("looped")
     assert set(FORMS) == {"cooperative", "parked", "wide", "held", "broad", "broad-held"}
+
+
+def test_kernel_launched_names_the_last_kernel_a_call_launched_and_unhooks():
+    from lamport_mhc.bench.local_forms import kernel_launched
+    from lamport_mhc.testing import call_simulated, random_inputs
+
+    group = SimulatedGroup(1, hidden_size=1024, hc_mult=HC, max_num_tokens=64, top_k=TOP_K,
+                           quantize_layer_input=True)
+    kernels = group.paths[0].kernels["triton"]
+    FormForcer(kernels).force("parked", False)
+    inputs = random_inputs(1, 3, 1024, HC, seed=3, top_k=TOP_K)
+    outputs, kernel = kernel_launched(kernels, lambda: call_simulated(group, inputs, "quant", 1e-6))
+    assert kernel == "local_quant" and len(outputs) == 1 and kernels.on_launch is None
+    with pytest.raises(ZeroDivisionError):
+        kernel_launched(kernels, lambda: 1 / 0)
+    assert kernels.on_launch is None

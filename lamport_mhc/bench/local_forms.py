@@ -6,7 +6,8 @@ at the same rows in one run; ``bench/local_forms.py`` does so on a GPU, against 
 ``FormForcer`` sets a build's windows so that every local call takes one form (where its plan has
 it; otherwise the calls keep the form they would take), hinted or not, and puts the measured
 windows back. The probe scripts (``bench/local_forms.py``, ``bench/profile_forms.py``) share the
-rows they draw (``row_inputs``) and their command line's rows and forms (``row_parser``,
+build they call (``probe_op``), the rows they draw (``row_inputs``), the record of what a call
+launched (``kernel_launched``) and their command line's rows and forms (``row_parser``,
 ``parse_fused``, ``parse_strong``).
 """
 
@@ -109,6 +110,27 @@ def force_label(forcer: FormForcer, label: str) -> None:
         forcer.reset()
     else:
         forcer.force(label.removesuffix("-hinted"), label.endswith("-hinted"))
+
+
+def probe_op(hidden: int, rows, device, use_pdl: bool = True):
+    """The Triton build a probe calls at ``hidden``: room for the largest of its ``rows``
+    (``HIDDEN, VARIANT, M``) of that size, at least one scale tile (128)."""
+    from .. import AllReduceMHC, AllReduceMHCConfig
+
+    capacity = max(128, *(m for h, _, m in rows if h == hidden))
+    return AllReduceMHC(hidden, HC, capacity, TOP_K, device, quantize_layer_input=True,
+                        config=AllReduceMHCConfig(backend="triton", use_pdl=use_pdl))
+
+
+def kernel_launched(kernels, call):
+    """Run ``call``: its result, and the name of the last kernel it launched on ``kernels``."""
+    launched = []
+    kernels.on_launch = lambda name, programs: launched.append(name)
+    try:
+        result = call()
+    finally:
+        kernels.on_launch = None
+    return result, launched[-1]
 
 
 def row_inputs(hidden: int, variant: str, m: int, device, hc: int = HC, top_k: int = TOP_K, eps: float = EPS):
