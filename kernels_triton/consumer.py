@@ -238,18 +238,13 @@ def _zero_padding_scales(token, num_tokens, scales_ptr, first_word, WORDS: tl.co
             k += ROWS
 
 
-@triton.constexpr_function
-def _power_of_two_at_least(n):
-    return 1 << (n - 1).bit_length()
-
-
 @triton.jit
 def _zero_padding_scales_of_row(token, num_tokens, scales_ptr, HIDDEN: tl.constexpr, CHUNK: tl.constexpr):
     """``_zero_padding_scales`` over whole rows, once a token, after the row (the forms that walk
     it: zeroed a chunk at a time in their chunks' loop, a token that took a padding row ran 45 sm_90a
     instructions a chunk for it): a row's words in one tile, as many rows a step as the program has
     threads for (CHUNK // 8)."""
-    WORDS: tl.constexpr = _power_of_two_at_least((HIDDEN // 32 + 3) // 4)
+    WORDS: tl.constexpr = triton.next_power_of_2((HIDDEN // 32 + 3) // 4)
     ROWS: tl.constexpr = (CHUNK // 8 + WORDS - 1) // WORDS
     _zero_padding_scales(token, num_tokens, scales_ptr, 0, WORDS, ROWS, HIDDEN)
 
