@@ -10,6 +10,10 @@ none``; ncu's default flushes L2 before each kernel, which measures a cold call 
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \\
         python bench/profile_forms.py --rows ...          (warm, one pass: nothing replayed over the L2)
 
+Keep a warm profile's metrics to one pass: with nine metrics (several passes, on one H100) every
+input byte was read from DRAM under ``--cache-control none`` as under ``all`` (H 5120 plain M = 100:
+5.15 MB, x and the streams), so that run measured cold calls, not warm ones.
+
 It prints the profiled calls in order (ncu's IDs), each fused form with the kernel it launched.
 """
 
