@@ -4,7 +4,7 @@ not, against the strong tail's forms at the same rows, in one run; the data behi
 
     torchrun --nproc-per-node 1 bench/local_forms.py --rows 4096:plain:128 7168:quant:256 [--rounds 2]
         [--fused auto,wide,wide-hinted] [--strong looped,looped-streamed,wide-streamed]
-        [--strong-allocates] [--no-pdl] [--out forms.json]
+        [--strong-allocates] [--no-pdl] [--cold] [--out forms.json]
 
 Each row prints every form's median us (50 calls a CUDA graph, 5 replays; a form the plan lacks is
 the form the call would take, listed once) and the fastest of each side. Exits 1 when two forms'
@@ -15,6 +15,9 @@ between the sides' graphs, each compared with a run without it:
 - ``--strong-allocates`` has every call of the strong tail allocate its outputs, from the graph's
   pool as the fused op's calls do, where they otherwise go to buffers allocated once (what the
   outputs' addresses give each side).
+A third, ``--cold``, times both sides with every call reading its own copy of the row's inputs
+(``ColdRows``: three times the L2 in all) and allocating its outputs: what the L2 gives each side,
+where the graph's calls otherwise read the same inputs, from L2 once the row fits it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from lamport_mhc.bench.local_forms import (  # noqa: E402
-    FORMS, HC, TOP_K, FormForcer, force_label, kernel_launched, parse_fused, parse_strong, probe_op, row_inputs,
+    FORMS, HC, TOP_K, ColdRows, FormForcer, force_label, kernel_launched, parse_fused, parse_strong, probe_op, row_inputs,
     row_parser)
 from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail  # noqa: E402
 from lamport_mhc.bench.timing import time_graph  # noqa: E402
@@ -49,19 +52,30 @@ def digest(tensors) -> str:
 
 
 def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, device, pdl=True,
-                strong_allocates=False) -> dict:
-    x, consumer, mxfp8, finalize = row_inputs(hidden, variant, m, device)
+                strong_allocates=False, cold=False) -> dict:
+    inputs = row_inputs(hidden, variant, m, device)
+    x, consumer, _, _ = inputs
+    kernels, row = forcer.kernels, dict(hidden=hidden, variant=variant, m=m, fused={}, kernel={}, strong={})
+    copies = None
+    if cold:
+        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+        copies = ColdRows(inputs, ColdRows.cold_count(ColdRows.row_bytes(inputs), l2_bytes, CALLS),
+                          lambda: row_inputs(hidden, variant, m, device))
+        row["copies"] = len(copies.rows)
+
+    def next_inputs():
+        return inputs if copies is None else copies.next()
 
     def fused():
+        x, consumer, mxfp8, finalize = next_inputs()
         if finalize is not None:
-            return op.finalize(*finalize, *consumer)
-        return op(x, *consumer, mxfp8_out=mxfp8)
+            return op.finalize(*finalize, *consumer), mxfp8
+        return op(x, *consumer, mxfp8_out=mxfp8), mxfp8
 
-    kernels, row = forcer.kernels, dict(hidden=hidden, variant=variant, m=m, fused={}, kernel={}, strong={})
     hashes = set()
     for label in fused_forms:
         force_label(forcer, label)
-        outputs, kernel = kernel_launched(kernels, fused)
+        (outputs, mxfp8), kernel = kernel_launched(kernels, fused)
         hashes.add(digest([*outputs, *(mxfp8 or ())]))
         if label != "auto" and kernel in row["kernel"].values():
             continue  # the plan lacks the form: the call took one already timed
@@ -76,7 +90,8 @@ def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, devic
 
         def unfused(tail=tail):
             # Allocating, a call takes its buffers from the graph's pool, as the fused op's calls do.
-            new = torch.empty_like if strong_allocates else (lambda buffer: buffer)
+            new = torch.empty_like if strong_allocates or cold else (lambda buffer: buffer)
+            x, consumer, mxfp8, finalize = next_inputs()
             reduced = x if finalize is None else strong_finalize(*finalize, new(contribution))
             outputs = new(residual_out), new(layer_input)
             tail(reduced, *consumer, *outputs, mxfp8)
@@ -100,6 +115,9 @@ def main() -> int:
                         help="the strong tail's outputs allocated by every call, as the fused op's are "
                              "(default: written into buffers allocated once)")
     parser.add_argument("--no-pdl", action="store_true", help="plain launches on both sides, no PDL")
+    parser.add_argument("--cold", action="store_true",
+                        help="every call reads its own copy of the row's inputs (three times the L2 in all) "
+                             "and both sides allocate their outputs (default: every call reads the same)")
     parser.add_argument("--out", type=Path, help="every measurement as JSON")
     args = parser.parse_args()
     dist.init_process_group("nccl")
@@ -112,8 +130,9 @@ def main() -> int:
     for turn in range(args.rounds):
         for hidden, variant, m in args.rows:
             row = measure_row(ops[hidden], forcers[hidden], hidden, variant, m, args.fused, args.strong, device,
-                              pdl=not args.no_pdl, strong_allocates=args.strong_allocates)
+                              pdl=not args.no_pdl, strong_allocates=args.strong_allocates, cold=args.cold)
             row["round"], row["pdl"], row["strong_allocates"] = turn, not args.no_pdl, args.strong_allocates
+            row["cold"] = args.cold
             results.append(row)
             ok &= row["same_bits"]
             fused = min(row["fused"], key=row["fused"].get)

@@ -86,3 +86,23 @@ def test_kernel_launched_names_the_last_kernel_a_call_launched_and_unhooks():
     with pytest.raises(ZeroDivisionError):
         kernel_launched(kernels, lambda: 1 / 0)
     assert kernels.on_launch is None
+
+
+def test_cold_rows_take_three_l2s_and_give_each_call_the_next_copy():
+    import torch
+
+    from lamport_mhc.bench.local_forms import ColdRows, row_inputs
+
+    row = row_inputs(256, "quant", 5, torch.device("cpu"))
+    x, consumer, mxfp8, _ = row
+    outputs = consumer[0].numel() * 2 + x.numel() * 2  # the residual streams and the layer input, bf16
+    inputs = sum(t.numel() * t.element_size() for t in (x, *consumer[:5], *mxfp8))
+    assert ColdRows.row_bytes(row) == inputs + outputs
+    assert ColdRows.cold_count(1000, 1000, 50) == 3 and ColdRows.cold_count(999, 1000, 50) == 4
+    assert ColdRows.cold_count(10**9, 1000, 50) == 2 and ColdRows.cold_count(1, 1000, 50) == 50
+    drawn = []
+    copies = ColdRows(row, 3, lambda: drawn.append(1) or row_inputs(256, "quant", 5, torch.device("cpu")))
+    assert len(drawn) == 2 and len(copies.rows) == 3
+    turns = [copies.next() for _ in range(4)]
+    assert turns[0] is row and turns[3] is row and turns[1] is not turns[2]
+    assert turns[1][0].data_ptr() != row[0].data_ptr() and torch.equal(turns[1][0], row[0])

@@ -8,7 +8,7 @@ it; otherwise the calls keep the form they would take), hinted or not, and puts 
 windows back. The probe scripts (``bench/local_forms.py``, ``bench/profile_forms.py``) share the
 build they call (``probe_op``), the rows they draw (``row_inputs``), the record of what a call
 launched (``kernel_launched``) and their command line's rows and forms (``row_parser``,
-``parse_fused``, ``parse_strong``).
+``parse_fused``, ``parse_strong``). ``ColdRows`` gives a cold graph its calls' inputs.
 """
 
 from __future__ import annotations
@@ -153,3 +153,34 @@ def row_inputs(hidden: int, variant: str, m: int, device, hc: int = HC, top_k: i
     if variant == "finalize":
         finalize = (inputs["gemm2s"][0], inputs["weights"][0], inputs["idxs"][0], inputs["shareds"][0])
     return inputs["xs"][0], consumer, mxfp8, finalize
+
+
+class ColdRows:
+    """The inputs of a cold graph's calls: ``count`` copies of a row's inputs (``row_inputs``), one per
+    call in turn (``next``), so many that together with the call's outputs they take ``L2_MULTIPLE``
+    times the L2 (``cold_count``): no call finds in L2 what the call before it read or wrote, as an
+    engine's call finds its inputs in HBM after the layers between two of its calls."""
+
+    L2_MULTIPLE = 3
+
+    def __init__(self, row: tuple, count: int, draw):
+        self.rows = [row] + [draw() for _ in range(count - 1)]
+        self.turn = 0
+
+    @staticmethod
+    def row_bytes(row: tuple) -> int:
+        """A call's bytes in HBM: its inputs (``row_inputs``' tuple) and the outputs it allocates (the
+        residual streams' and the layer input's)."""
+        x, consumer, mxfp8, finalize = row
+        tensors = [x, *consumer, *(mxfp8 or ()), *(finalize or ()), consumer[0], x]
+        return sum(t.numel() * t.element_size() for t in tensors if hasattr(t, "numel"))
+
+    @classmethod
+    def cold_count(cls, row_bytes: int, l2_bytes: int, calls: int) -> int:
+        """Copies a graph of ``calls`` calls cycles: at least two, at most one a call."""
+        return max(2, min(calls, -(-cls.L2_MULTIPLE * l2_bytes // row_bytes)))
+
+    def next(self) -> tuple:
+        row = self.rows[self.turn % len(self.rows)]
+        self.turn += 1
+        return row
