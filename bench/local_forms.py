@@ -15,9 +15,9 @@ between the sides' graphs, each compared with a run without it:
 - ``--strong-allocates`` has every call of the strong tail allocate its outputs, from the graph's
   pool as the fused op's calls do, where they otherwise go to buffers allocated once (what the
   outputs' addresses give each side).
-A third, ``--cold``, times both sides with every call reading its own copy of the row's inputs
-(``ColdRows``: three times the L2 in all) and allocating its outputs: what the L2 gives each side,
-where the graph's calls otherwise read the same inputs, from L2 once the row fits it.
+A third, ``--cold``, times both sides with the graph's calls reading copies of the row's inputs in
+turn (``ColdRows``: three times the L2 in all), each from HBM, and allocating their outputs: what
+the L2 gives each side, where the calls otherwise read the same inputs, from L2 once the row fits.
 """
 
 from __future__ import annotations
@@ -116,8 +116,9 @@ def main() -> int:
                              "(default: written into buffers allocated once)")
     parser.add_argument("--no-pdl", action="store_true", help="plain launches on both sides, no PDL")
     parser.add_argument("--cold", action="store_true",
-                        help="every call reads its own copy of the row's inputs (three times the L2 in all) "
-                             "and both sides allocate their outputs (default: every call reads the same)")
+                        help="the calls read copies of the row's inputs in turn (three times the L2 in all), "
+                             "each from HBM, and both sides allocate their outputs (default: every call reads "
+                             "the same inputs)")
     parser.add_argument("--out", type=Path, help="every measurement as JSON")
     args = parser.parse_args()
     dist.init_process_group("nccl")

@@ -158,8 +158,9 @@ def row_inputs(hidden: int, variant: str, m: int, device, hc: int = HC, top_k: i
 class ColdRows:
     """The inputs of a cold graph's calls: ``count`` copies of a row's inputs (``row_inputs``), one per
     call in turn (``next``), so many that together with the call's outputs they take ``L2_MULTIPLE``
-    times the L2 (``cold_count``): no call finds in L2 what the call before it read or wrote, as an
-    engine's call finds its inputs in HBM after the layers between two of its calls."""
+    times the L2 (``cold_count``): the calls since a copy was last read have moved at least 1.5 L2s,
+    so a call finds its inputs in HBM, as an engine's call does after the layers between two of its
+    calls. (The outputs, allocated by every call, may take the same blocks call after call.)"""
 
     L2_MULTIPLE = 3
 
