@@ -160,7 +160,8 @@ class ColdRows:
     call in turn (``next``), so many that together with the call's outputs they take ``L2_MULTIPLE``
     times the L2 (``cold_count``): the calls since a copy was last read have moved at least 1.5 L2s,
     so a call finds its inputs in HBM, as an engine's call does after the layers between two of its
-    calls. (The outputs, allocated by every call, may take the same blocks call after call.)"""
+    calls. Not so where a copy for every call of the graph is not enough (H 4096, 50 calls: below
+    about 40 rows); and the outputs, allocated by every call, may take the same blocks call after call."""
 
     L2_MULTIPLE = 3
 
