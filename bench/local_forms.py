@@ -35,8 +35,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from lamport_mhc.bench.local_forms import (  # noqa: E402
-    FORMS, HC, TOP_K, ColdRows, FormForcer, force_label, kernel_launched, parse_fused, parse_strong, probe_op, row_inputs,
-    row_parser)
+    FORMS, HC, TOP_K, ColdRows, FormForcer, force_label, kernel_launched, parse_fused, parse_strong, probe_op,
+    row_inputs, row_parser)
 from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail  # noqa: E402
 from lamport_mhc.bench.timing import time_graph  # noqa: E402
 

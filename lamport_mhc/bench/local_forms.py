@@ -14,6 +14,7 @@ launched (``kernel_launched``) and their command line's rows and forms (``row_pa
 from __future__ import annotations
 
 import argparse
+import itertools
 
 from kernels_triton.backend import UNBOUNDED
 
@@ -167,7 +168,7 @@ class ColdRows:
 
     def __init__(self, row: tuple, count: int, draw):
         self.rows = [row] + [draw() for _ in range(count - 1)]
-        self.turn = 0
+        self._turns = itertools.cycle(self.rows)
 
     @staticmethod
     def row_bytes(row: tuple) -> int:
@@ -183,6 +184,4 @@ class ColdRows:
         return max(2, min(calls, -(-cls.L2_MULTIPLE * l2_bytes // row_bytes)))
 
     def next(self) -> tuple:
-        row = self.rows[self.turn % len(self.rows)]
-        self.turn += 1
-        return row
+        return next(self._turns)
