@@ -26,9 +26,20 @@ from .backend import FUSED_BACKENDS as BACKENDS
 from .backend import PROTOCOLS
 
 VARIANTS = ("plain", "finalize", "quant")
-# A backend keeps its M range while it is within this fraction of the fastest one: differences that
-# small are run-to-run noise, and a route that flips on noise would change kernels for nothing.
-KEEP_WITHIN = 0.05
+# A backend keeps its M range while it is within this fraction of the fastest one, so that a route
+# does not flip on noise. At tp >= 2 a route also names the backend on which the LL -> BT crossover
+# is judged (one threshold a preset), so a flip there can move BT past rows where the other backend's
+# BT was far faster: 2% would have moved H 4096 plain at tp 2 (bench/results/h200_tp2.csv) to BT from
+# 256 rows instead of 4, CuTe's LL at 64-100 rows 20-28% slower than its BT.
+ROUTE_KEEP_WITHIN = 0.05
+# The same at tp = 1 (one protocol, nothing to move): the noise of one kernel timed twice in one bench
+# run (auto against triton-local, H200, bench/results/h200_tp1.csv of 92ffbe4: 0.981-1.018, 10th-90th
+# percentile). 5% kept Triton's range where CuTe was 2-5% faster in that table (plain and quant from
+# M = 1000-1024 at every H, finalize at 5120 and 7168), more than the 2% by which auto may trail the
+# best path.
+LOCAL_ROUTE_KEEP_WITHIN = 0.02
+# BT counts as level with LL within this fraction (it moves half the bytes per rank: the one to grow into).
+BT_LEVEL_WITHIN = 0.05
 NEVER = 1 << 30
 
 
@@ -64,19 +75,19 @@ H200_TP2 = "bench/results/h200_tp2.csv"
 PRESETS: dict[tuple[str, int, int], Preset] = {
     ("hopper", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((8192, "triton"),),
+        routes={"plain": ((1000, "triton"), (8192, "cute"),),
                 "finalize": ((8192, "triton"),),
-                "quant": ((1000, "triton"), (8192, "cute"),)}),
+                "quant": ((512, "triton"), (8192, "cute"),)}),
     ("hopper", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((8192, "triton"),),
-                "finalize": ((8192, "triton"),),
-                "quant": ((8192, "triton"),)}),
+        routes={"plain": ((1000, "triton"), (8192, "cute"),),
+                "finalize": ((512, "triton"), (8192, "cute"),),
+                "quant": ((1000, "triton"), (8192, "cute"),)}),
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((8192, "triton"),),
-                "finalize": ((2048, "triton"), (8192, "cute"),),
-                "quant": ((8192, "triton"),)}),
+        routes={"plain": ((512, "triton"), (8192, "cute"),),
+                "finalize": ((256, "triton"), (8192, "cute"),),
+                "quant": ((1000, "triton"), (8192, "cute"),)}),
     ("hopper", 2, 4096): Preset(
         bt_min_rows=4, bt_min_finalize_rows=32, backends=("cute", "triton"), source=H200_TP2,
         routes={"plain": ((128, "cute"), (256, "triton"), (8192, "cute"),),
@@ -206,9 +217,10 @@ def _times(rows: list[dict], hidden: int, variant: str, hc: int = HC) -> dict[in
     return times
 
 
-def routes(rows: list[dict], hidden: int, variant: str, hc: int = HC) -> tuple[tuple[int, str], ...]:
+def routes(rows: list[dict], hidden: int, variant: str, hc: int = HC,
+           keep_within: float = ROUTE_KEEP_WITHIN) -> tuple[tuple[int, str], ...]:
     """Backend per M range: at each measured M the backend whose fastest protocol is fastest, except
-    that the previous M's backend stays while it is within KEEP_WITHIN of it."""
+    that the previous M's backend stays while it is within ``keep_within`` of it."""
     protocols = PROTOCOLS + (LOCAL,)
     ranges: list[list] = []
     for m, paths in sorted(_times(rows, hidden, variant, hc).items()):
@@ -218,7 +230,7 @@ def routes(rows: list[dict], hidden: int, variant: str, hc: int = HC) -> tuple[t
             continue
         fastest = min(best, key=best.get)
         previous = ranges[-1][1] if ranges else None
-        if previous in best and best[previous] <= best[fastest] * (1 + KEEP_WITHIN):
+        if previous in best and best[previous] <= best[fastest] * (1 + keep_within):
             fastest = previous
         if fastest == previous:
             ranges[-1][0] = m
@@ -228,7 +240,7 @@ def routes(rows: list[dict], hidden: int, variant: str, hc: int = HC) -> tuple[t
 
 
 def crossover(rows: list[dict], hidden: int, variant: str, route=None, hc: int = HC) -> int | None:
-    """The smallest measured M from which BT is as fast as LL (within KEEP_WITHIN) at every larger
+    """The smallest measured M from which BT is as fast as LL (within BT_LEVEL_WITHIN) at every larger
     measured M, each M compared on the backend its route names (default: triton); None when LL always
     wins or was not measured (tp = 1). BT moves half the bytes of LL per rank, so where the two are
     level it is the one to grow into."""
@@ -238,7 +250,7 @@ def crossover(rows: list[dict], hidden: int, variant: str, route=None, hc: int =
         ll, bt = paths.get(f"{backend}-ll"), paths.get(f"{backend}-bt")
         if ll is None or bt is None:
             continue
-        if bt > ll * (1 + KEEP_WITHIN):
+        if bt > ll * (1 + BT_LEVEL_WITHIN):
             break
         threshold = m
     return threshold
@@ -246,7 +258,8 @@ def crossover(rows: list[dict], hidden: int, variant: str, route=None, hc: int =
 
 def derive(rows: list[dict], tp: int, hidden: int, source: str, hc: int = HC) -> Preset:
     subset = [r for r in rows if int(r["tp"]) == tp]
-    table = {v: r for v in VARIANTS if (r := routes(subset, hidden, v, hc))}
+    keep_within = LOCAL_ROUTE_KEEP_WITHIN if tp == 1 else ROUTE_KEEP_WITHIN
+    table = {v: r for v in VARIANTS if (r := routes(subset, hidden, v, hc, keep_within))}
     plain = crossover(subset, hidden, "plain", table.get("plain"), hc)
     final = crossover(subset, hidden, "finalize", table.get("finalize"), hc)
     preference = tuple(sorted(BACKENDS, key=lambda b: -sum(up == b for rs in table.values() for _, up in rs)))

@@ -108,7 +108,7 @@ def test_method_minimums_are_enforced():
 
 
 def test_crossover_and_routes_from_measurements(tmp_path):
-    from lamport_mhc.presets import crossover, routes, suggest
+    from lamport_mhc.presets import crossover, derive, routes, suggest
 
     def rows(variant, series):
         return [dict(tp=2, hidden=5120, variant=variant, m=m, path=p, us_median=us)
@@ -120,13 +120,20 @@ def test_crossover_and_routes_from_measurements(tmp_path):
     assert crossover(plain, 5120, "plain") == 64
     assert crossover(rows("finalize", {"triton-ll": {1: 10, 64: 20}, "triton-bt": {1: 12, 64: 25}}),
                      5120, "finalize") is None
-    # cute is fastest up to 16, triton at 32 by far, cute again from 64; at 128 triton is ahead by 2%,
-    # inside KEEP_WITHIN, so cute keeps its range.
+    # cute is fastest up to 16, triton at 32 by far, cute again from 64 (at 128 by 0.3%).
     both = plain + rows("plain", {"cute-ll": {1: 5, 16: 6, 32: 20, 64: 10, 128: 29.9},
                                   "cute-bt": {1: 6, 16: 7, 32: 21, 64: 10.4, 128: 30.5}})
     route = routes(both, 5120, "plain")
     assert route == ((16, "cute"), (32, "triton"), (128, "cute"))
     assert crossover(both, 5120, "plain", route) == 64  # cute-bt within 5% of cute-ll from 64; triton-ll at 32
+    # A route keeps its backend while it is within 2% of the fastest at tp = 1 (one protocol), 5% at
+    # tp >= 2 (where the route also names the backend of the BT crossover).
+    series = {"triton": {256: 10.0, 512: 20.0, 1024: 40.0, 2048: 79.0},
+              "cute": {256: 10.5, 512: 19.7, 1024: 38.8, 2048: 80.0}}
+    for tp, protocol, expected in ((1, "local", ((512, "triton"), (2048, "cute"))), (2, "ll", ((2048, "triton"),))):
+        measured = [dict(row, tp=tp) for backend, points in series.items()
+                    for row in rows("plain", {f"{backend}-{protocol}": points})]
+        assert derive(measured, tp, 5120, "r.csv").routes == {"plain": expected}
     path = tmp_path / "r.csv"
     with open(path, "w", newline="") as f:
         import csv
