@@ -75,19 +75,19 @@ H200_TP2 = "bench/results/h200_tp2.csv"
 PRESETS: dict[tuple[str, int, int], Preset] = {
     ("hopper", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((1000, "triton"), (8192, "cute"),),
+        routes={"plain": ((8192, "triton"),),
                 "finalize": ((8192, "triton"),),
-                "quant": ((512, "triton"), (8192, "cute"),)}),
+                "quant": ((8192, "triton"),)}),
     ("hopper", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((1000, "triton"), (8192, "cute"),),
+        routes={"plain": ((8192, "triton"),),
                 "finalize": ((512, "triton"), (8192, "cute"),),
-                "quant": ((1000, "triton"), (8192, "cute"),)}),
+                "quant": ((8192, "triton"),)}),
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
-        routes={"plain": ((512, "triton"), (8192, "cute"),),
-                "finalize": ((256, "triton"), (8192, "cute"),),
-                "quant": ((1000, "triton"), (8192, "cute"),)}),
+        routes={"plain": ((2048, "triton"), (8192, "cute"),),
+                "finalize": ((512, "triton"), (8192, "cute"),),
+                "quant": ((8192, "triton"),)}),
     ("hopper", 2, 4096): Preset(
         bt_min_rows=4, bt_min_finalize_rows=32, backends=("cute", "triton"), source=H200_TP2,
         routes={"plain": ((128, "cute"), (256, "triton"), (8192, "cute"),),
