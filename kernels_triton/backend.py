@@ -140,9 +140,11 @@ LOCAL_X_BROAD_ROWS_PER_SM = {(7, "plain"): ((0.85, 1.0), (11, 16))}
 # 5.46 / 5.38 against 5.99 / 5.82 for the hinted wide twin the calls took (the strong tail's wide
 # form 5.82 / 5.58); but M = 100 5.56 against 5.24 (cooperative), 160 9.47 against 7.60. At H = 4096
 # plain and quant and 5120 plain M = 100-128 it was no faster than the form the calls take (4096
-# quant M = 128 3.97 / 3.93 against 4.05 / 3.86).
+# quant M = 128 3.97 / 3.93 against 4.05 / 3.86). A third run, two rounds: M = 112 / 128 / 132 hinted
+# 5.46 / 5.42, 5.32 (auto) / 5.32, 5.55 / 5.53 against the strong tail's 5.44-5.47, 5.57-5.60,
+# 5.87-5.94 (the calls of 112 rows, outside the window then, took a form at 6.37-6.40).
 LOCAL_X_BROAD_HELD_ROWS_PER_SM: dict[tuple[int, str], tuple[tuple[float, float], ...]] = {}
-LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM = {(7, "quant"): ((0.85, 1.0),)}
+LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM = {(7, "quant"): ((0.84, 1.0),)}
 
 # The local calls of x take the parked form in these windows of rows per SM (above, at most), by the
 # row's chunks and variant, where the wide twin's window would take them. One H200, tp = 1, two runs,

@@ -204,23 +204,18 @@ def broad_chunk(hidden: int, variant: str) -> int | None:
 # The local streaming consumers of x of these variants have a ``_broad_held`` twin
 # (``broad_held_chunk``): the row held in registers, in chunks four times the row's (16 warps) where
 # it spans at most BROAD_HELD_MAX_CHUNKS of them, each warp's part of a chunk's sum of squares joined
-# through a roots table (one CTA barrier a row), every mix weight in every thread, at ptxas's
-# ceiling on registers (BROAD_HELD_MAX_REGISTERS), hinted and not: the shape of the strong tail's
-# wide form (one program an SM, a chunk's loads all in flight at once), which the benchmark's strong
-# tail took at M = 100-128 at H = 7168 (and quant at 4096 and 5120 M = 100) on one H200, where the
-# fused forms were 5-10% slower. Unlike that form it issues the second chunk's loads before it mixes
-# the first (``PREFETCH``, sm_90a SASS at H = 7168: the strong form issues them after the first
-# chunk's stores). The calls it takes: ``backend.LOCAL_X_BROAD_HELD_ROWS_PER_SM``.
+# through a roots table (one CTA barrier a row), every mix weight in every thread, the registers the
+# compiler's choice, hinted and not: the shape of the strong tail's wide form (one program an SM, a
+# chunk's loads all in flight at once), which the benchmark's strong tail took at M = 100-128 at
+# H = 7168 (and quant at 4096 and 5120 M = 100) on one H200, where the fused forms were 5-10%
+# slower. Unlike that form it issues the second chunk's loads before it mixes the first (``PREFETCH``,
+# sm_90a SASS at H = 7168: the strong form issues them after the first chunk's stores). The calls it
+# takes: ``backend.LOCAL_X_BROAD_HELD_ROWS_PER_SM``. Not ptxas's ceiling on registers: at 255 (128
+# used, the stream loads issued earlier in SASS) the hinted twin was 11% slower on one H200, H = 7168
+# quant, A / B / A, us at 255 / the compiler's choice / 255: M = 112 6.06-6.09 / 5.46-5.42 / 6.10-6.11,
+# M = 128 (the calls' own) 5.96 / 5.32 / 5.96.
 BROAD_HELD_VARIANTS = ("plain", "quant")
 BROAD_HELD_MAX_CHUNKS = 2
-# ptxas's ceiling on registers, not its choice: 512 threads may then take 128 each, at the one program
-# an SM that is this form's residency anyway. Left to its choice (64-95 registers), ptxas moved a
-# chunk's loads down to where the mix first uses them, each stream costing a memory latency of its
-# own (sm_90a SASS: at H = 4096 the last of the row's loads was the 200th-209th instruction, at 5120
-# and 7168 the second chunk's 405th-423rd, after the first chunk's mix); so it issues the first
-# chunk's within the first 80 and the second's by the 172nd (92-128 registers, no spill). Capped at
-# 128 it issued quant's second chunk after the first's mix all the same.
-BROAD_HELD_MAX_REGISTERS = 255
 
 
 def broad_held_chunk(hidden: int, variant: str) -> int | None:
@@ -368,8 +363,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 PARKED_BYTES=parked_bytes + table_bytes, PREFETCH=prefetch,
                                 PER_THREAD_WEIGHTS=per_thread_weights, ROOTS_TABLE_BYTES=table_bytes),
                                 CONSUMER_SIGNATURE, row_warps(form_chunk),
-                                None if twin == "_broad" else BROAD_HELD_MAX_REGISTERS if broad_held_form else
-                                held_registers(chunks) if hold else
+                                None if twin in ("_broad", "_broad_held") else held_registers(chunks) if hold else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming or twin == "_capped" else
                                 LOCAL_COOPERATIVE_MAX_REGISTERS if latency_form else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.

@@ -378,11 +378,11 @@ def test_wide_windows_as_measured(hidden, variant, local_x, window):
                      924: "local_plain_wide", 925: "local_plain", 1056: "local_plain", 1057: "local_plain_wide",
                      1453: "local_plain_broad", 2112: "local_plain_broad", 2113: "local_plain_wide"}),
     # the wide twin's few rows hinted (H = 4096 quant up to 2 rows per SM, 7168 quant up to 1, but for
-    # the broad held twin's hinted window there: above 0.85, at most 1 row per SM).
+    # the broad held twin's hinted window there: above 0.84, at most 1 row per SM).
     (4096, "plain", {128: "local_plain_wide", 264: "local_plain_wide", 300: "local_plain",
                      400: "local_plain_wide", 1000: "local_plain", 1100: "local_plain_wide"}),
     (4096, "quant", {128: "local_quant_wide_streamed", 400: "local_quant_wide", 1000: "local_quant_wide"}),
-    (7168, "quant", {112: "local_quant_split", 113: "local_quant_broad_held_streamed",
+    (7168, "quant", {110: "local_quant_split", 111: "local_quant_broad_held_streamed",
                      132: "local_quant_broad_held_streamed", 133: "local_quant_split", 256: "local_quant_wide",
                      300: "local_quant"}),
     (5120, "plain", {256: "local_plain", 1000: "local_plain", 1536: "local_plain_wide", 2048: "local_plain",
