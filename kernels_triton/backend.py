@@ -53,10 +53,14 @@ COOPERATIVE_PROGRAMS_PER_SM = 7
 # run: H = 4096 M = 176 / 192 quant 5.01 / 5.41 (wide), 5.80 / 5.42, plain 4.40 / 4.44, 5.15 / 4.45;
 # H = 7168 M = 105 / 112 / 128 quant 6.09 / 6.38 (wide), 6.46 / 6.56, 6.71 / 6.23, plain 5.52 / 5.43,
 # 5.71 / 5.41; M = 176 / 192 / 224 quant 8.21 / 8.80 (parked), 8.71 / 8.93, 9.88 / 9.10, plain 7.34
-# / 7.59 (wide), 7.85 / 7.79.
+# / 7.59 (wide), 7.85 / 7.79. H = 7168 quant, later kernels, past the 101 clusters resident (two rounds
+# each but the last): one H200 M = 112 6.37-6.40 against 5.60-5.74 (the wide twin, hinted); one H100
+# M = 104 / 108 / 110 6.16-6.29, 6.45, 6.48-6.58 against 5.70-5.75, 5.76-5.92, 5.79-5.84, but M = 100
+# 5.10-5.22 against 5.81-5.83; one H200, one round, M = 101 / 104 / 108 5.23 / 5.67, 6.07 / 5.67,
+# 6.25 / 5.60: at 7168 it takes the calls up to its resident clusters only (plain too: M = 105 above).
 LOCAL_X_COOPERATIVE_ROWS_PER_SM = {(4, "plain"): ((0, 0.85), (1, 1.25)), (4, "quant"): ((0, 0.85), (1, 1.35)),
                                    (5, "plain"): ((0, 1.5),), (5, "quant"): ((0, 1.5),),
-                                   (7, "plain"): ((0, 0.8), (1, 1.35)), (7, "quant"): ((0, 0.85), (1, 1.5))}
+                                   (7, "plain"): ((0, 0.77), (1, 1.35)), (7, "quant"): ((0, 0.77), (1, 1.5))}
 
 # The local calls of x take the cooperative form's capped twin, past the uncapped one's resident
 # clusters, only from these rows per SM, by the row's chunks where measured (inf: never); a second

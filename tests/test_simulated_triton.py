@@ -373,7 +373,7 @@ def test_wide_windows_as_measured(hidden, variant, local_x, window):
 
 @pytest.mark.parametrize("hidden,variant,rows", [
     # H = 7168 plain: broad at about one row per SM and from 1452 rows, parked at 7-8 rows per SM.
-    (7168, "plain", {100: "local_plain_split", 112: "local_plain_wide", 113: "local_plain_broad",
+    (7168, "plain", {101: "local_plain_split", 102: "local_plain_wide", 112: "local_plain_wide", 113: "local_plain_broad",
                      132: "local_plain_broad", 133: "local_plain_split", 256: "local_plain_wide", 512: "local_plain",
                      924: "local_plain_wide", 925: "local_plain", 1056: "local_plain", 1057: "local_plain_wide",
                      1453: "local_plain_broad", 2112: "local_plain_broad", 2113: "local_plain_wide"}),
@@ -382,7 +382,8 @@ def test_wide_windows_as_measured(hidden, variant, local_x, window):
     (4096, "plain", {128: "local_plain_wide", 264: "local_plain_wide", 300: "local_plain",
                      400: "local_plain_wide", 1000: "local_plain", 1100: "local_plain_wide"}),
     (4096, "quant", {128: "local_quant_wide_streamed", 400: "local_quant_wide", 1000: "local_quant_wide"}),
-    (7168, "quant", {110: "local_quant_split", 111: "local_quant_broad_held_streamed",
+    (7168, "quant", {101: "local_quant_split", 102: "local_quant_wide_streamed", 110: "local_quant_wide_streamed",
+                     111: "local_quant_broad_held_streamed",
                      132: "local_quant_broad_held_streamed", 133: "local_quant_split", 256: "local_quant_wide",
                      300: "local_quant"}),
     (5120, "plain", {256: "local_plain", 1000: "local_plain", 1536: "local_plain_wide", 2048: "local_plain",
