@@ -237,7 +237,7 @@ def _as_on_an_h200(hidden: int):
 
 @pytest.mark.parametrize("hidden,plain,quant,finalize", [
     (4096, ((0, 112), (132, 165)), ((0, 112), (132, 178)), 184), (5120, ((0, 198),), ((0, 198),), 231),
-    (7168, ((0, 105), (132, 178)), ((0, 112), (132, 198)), 231), (1408, ((0, 308),), ((0, 308),), 308)])
+    (7168, ((0, 101), (132, 178)), ((0, 101), (132, 198)), 231), (1408, ((0, 308),), ((0, 308),), 308)])
 def test_local_calls_take_the_cooperative_form_as_measured(hidden, plain, quant, finalize):
     """On 132 SMs the local calls take the cooperative form in the windows of rows per SM measured for
     their row's chunks (4, 5, 7): the calls of x by variant, the finalize's up to 1.4-1.75 rows per SM.
