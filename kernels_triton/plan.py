@@ -211,7 +211,7 @@ def broad_chunk(hidden: int, variant: str) -> int | None:
 # slower. Unlike that form it issues the second chunk's loads before it mixes the first (``PREFETCH``,
 # sm_90a SASS at H = 7168: the strong form issues them after the first chunk's stores). The calls it
 # takes: ``backend.LOCAL_X_BROAD_HELD_ROWS_PER_SM``. Not ptxas's ceiling on registers: at 255 (128
-# used, the stream loads issued earlier in SASS) the hinted twin was 11% slower on one H200, H = 7168
+# used, the stream loads issued earlier in SASS) the hinted twin was 11-12% slower on one H200, H = 7168
 # quant, A / B / A, us at 255 / the compiler's choice / 255: M = 112 6.06-6.09 / 5.46-5.42 / 6.10-6.11,
 # M = 128 (the calls' own) 5.96 / 5.32 / 5.96.
 BROAD_HELD_VARIANTS = ("plain", "quant")
