@@ -373,10 +373,11 @@ def test_wide_windows_as_measured(hidden, variant, local_x, window):
 
 @pytest.mark.parametrize("hidden,variant,rows", [
     # H = 7168 plain: broad at about one row per SM and from 1452 rows, parked at 7-8 rows per SM.
-    (7168, "plain", {101: "local_plain_split", 102: "local_plain_wide", 112: "local_plain_wide", 113: "local_plain_broad",
-                     132: "local_plain_broad", 133: "local_plain_split", 256: "local_plain_wide", 512: "local_plain",
-                     924: "local_plain_wide", 925: "local_plain", 1056: "local_plain", 1057: "local_plain_wide",
-                     1453: "local_plain_broad", 2112: "local_plain_broad", 2113: "local_plain_wide"}),
+    (7168, "plain", {101: "local_plain_split", 102: "local_plain_wide", 112: "local_plain_wide",
+                     113: "local_plain_broad", 132: "local_plain_broad", 133: "local_plain_split",
+                     256: "local_plain_wide", 512: "local_plain", 924: "local_plain_wide", 925: "local_plain",
+                     1056: "local_plain", 1057: "local_plain_wide", 1453: "local_plain_broad",
+                     2112: "local_plain_broad", 2113: "local_plain_wide"}),
     # the wide twin's few rows hinted (H = 4096 quant up to 2 rows per SM, 7168 quant up to 1, but for
     # the broad held twin's hinted window there: above 0.84, at most 1 row per SM).
     (4096, "plain", {128: "local_plain_wide", 264: "local_plain_wide", 300: "local_plain",
