@@ -362,7 +362,7 @@ def _tabled_sum_of_squares(table, CHUNKS: tl.constexpr, ROOTS: tl.constexpr, PAR
     barrier): the slots, [chunk][part], are the subtrees of the contract's tree in order, the chunks
     past the row's +0 roots."""
     SLOTS: tl.constexpr = CHUNKS * PARTS
-    if ROOTS * PARTS <= 32:  # within a warp: a load and a butterfly a level, no layout shuffles
+    if ROOTS * PARTS <= 32:  # in every thread's registers: the table's words, then the tree, no shuffles
         return ptx.table_sum(table, SLOTS, ROOTS * PARTS)
     slots = tl.arange(0, ROOTS * PARTS)
     parts = ptx.load_area_f32(table + 4 * tl.minimum(slots, SLOTS - 1))

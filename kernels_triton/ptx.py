@@ -196,23 +196,25 @@ def table_part(value, leader, address):
 
 @triton.constexpr_function
 def _table_sum_asm(slots, width):
-    steps = "".join(f"shfl.sync.bfly.b32 other, total, {step}, 0x1f, 0xffffffff; add.rn.f32 total, total, other; "
-                    for step in (1 << level for level in range(width.bit_length() - 1)))
-    return ("{ .reg .pred in_table; .reg .b32 slot, total, other; mov.u32 slot, %laneid; "
-            f"and.b32 slot, slot, {width - 1}; setp.lt.u32 in_table, slot, {slots}; mov.b32 total, 0f00000000; "
-            "shl.b32 slot, slot, 2; add.u32 slot, slot, $1; @in_table ld.shared.b32 total, [slot]; "
-            + steps + "mov.b32 $0, total; }")
+    words = -(-slots // 4)  # the table is whole 16-byte words (plan.roots_table_bytes)
+    values = [f"v{i}" for i in range(max(width, 4 * words))]
+    loads = "".join(f"ld.shared.v4.f32 {{{', '.join(values[4 * w:4 * w + 4])}}}, [$1+{16 * w}]; " for w in range(words))
+    padding = "".join(f"mov.f32 {value}, 0f00000000; " for value in values[slots:width])
+    levels, n = "", width
+    while n > 1:  # v_i = v_2i + v_2i+1 in place: each level's pairs, in order
+        n //= 2
+        levels += "".join(f"add.rn.f32 v{i}, v{2 * i}, v{2 * i + 1}; " for i in range(n))
+    return f"{{ .reg .f32 v<{len(values)}>; {loads}{padding}{levels}mov.b32 $0, v0; }}"
 
 
 @triton.jit
 def table_sum(table, SLOTS: tl.constexpr, WIDTH: tl.constexpr):
     """The contract's tree of adjacent pairs over the roots table's SLOTS fp32 slots at the shared
-    address ``table`` (behind a CTA barrier), padded with +0.0 to WIDTH (a power of two, at most a
-    warp's lanes): lane l loads slot l mod WIDTH and butterflies join aligned groups of 2, 4, ...
-    lanes, the tree's levels in order (an IEEE add gives the same bits either way round, but for a
-    NaN's payload, which no output takes: each canonicalizes its NaN). Every lane gets the sum. GPU
-    only."""
-    tl.static_assert(WIDTH <= 32, "the table is joined within a warp")
+    address ``table`` (16-byte aligned, behind a CTA barrier), padded with +0.0 to WIDTH (a power of
+    two, at most 32), in every thread's registers: the table's words loaded at once (a
+    broadcast: every lane reads the same words), then the tree's levels in order, where a butterfly of
+    shuffles would pay a shuffle's latency a level. GPU only."""
+    tl.static_assert(WIDTH <= 32, "the table is joined in one thread's registers")
     return tl.inline_asm_elementwise(_table_sum_asm(SLOTS, WIDTH), "=r,r", args=[table], dtype=tl.float32,
                                      is_pure=False, pack=1)
 

@@ -345,28 +345,3 @@ def test_pairwise_sum_batched_against_numpy_tree():
             want.append(level[0])
         want = torch.from_numpy(np.array(want, dtype=np.float32)).reshape(4, 3)
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-
-
-@pytest.mark.parametrize("slots,width", [(4, 4), (5, 8), (16, 16), (28, 32), (32, 32)])
-def test_a_butterfly_over_lanes_is_the_pairwise_tree(slots, width):
-    """The roots table's join on the GPU (``ptx.table_sum``): lane l holds slot l (+0.0 past the
-    slots) and each level adds lane l ^ step's value, step 1, 2, 4, ... Every lane ends with the
-    adjacent-pair tree's sum, bit for bit: an IEEE add gives the same bits either way round (but
-    for a NaN's payload, which no output takes: only NaN-ness is compared here)."""
-    gen = torch.Generator().manual_seed(slots * 131 + width)
-    for trial in range(200):
-        values = torch.randn(slots, generator=gen) * torch.exp2(torch.randint(-140, 60, (slots,), generator=gen))
-        specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-45, 3.4e38, -3.4e38])
-        pick = torch.rand(slots, generator=gen) < 0.3
-        values = torch.where(pick, specials[torch.randint(0, 8, (slots,), generator=gen)], values)
-        if trial % 7 == 0:
-            values = -torch.zeros(slots)  # every slot -0.0: the padding's +0.0 decides the sign
-        lanes = torch.cat([values, torch.zeros(width - slots)])
-        step = 1
-        while step < width:
-            lanes = lanes + lanes[torch.arange(width) ^ step]
-            step *= 2
-        expected = pairwise_sum(values[None])[0]
-        same = lanes.view(torch.int32) == expected.view(torch.int32)
-        both_nan = torch.isnan(lanes) & torch.isnan(expected)  # inf - inf: the CPU's NaN has a sign
-        assert bool((same | both_nan).all()), (trial, values, lanes, expected)

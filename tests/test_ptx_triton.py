@@ -5,8 +5,10 @@ import re
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from lamport_mhc.backend import BuildSpec
+from lamport_mhc.bits import pairwise_sum
 from kernels_triton import plan
 from kernels_triton.launch_shape import set_launch_shape, set_launch_shared_bytes
 from kernels_triton.offline import compile_ptx
@@ -261,17 +263,62 @@ def test_streaming_consumers_park_their_row_in_shared_memory(chunked):
             assert bool(_ops(text, r"match\.any\.sync\.b32")) == tabled, name
         assert "%dynamic_smem_size" not in text, name
         assert not _ops(text, r"ld\.global\.cg"), name
-        # Where the table fits a warp's lanes (H <= 8192): one barrier a row (spread weights are
-        # gathered through barriers of their own), then one load of a slot a lane and a butterfly a
-        # level of the tree.
+        # Where the table fits 32 slots (H <= 8192): one barrier a row (spread weights are gathered
+        # through barriers of their own), then every thread loads the table's words and adds the tree
+        # in its registers (``test_the_roots_tables_join_is_the_pairwise_tree``), no shuffle.
         if tabled and constexprs["ROOTS"] * warps <= 32:
             if constexprs["PER_THREAD_WEIGHTS"]:
                 assert text.count("bar.sync") == 1, name
-            assert text.count("@in_table ld.shared.b32") == 1, name
-            levels = (constexprs["ROOTS"] * warps).bit_length() - 1
-            assert [int(step) for step in re.findall(r"shfl\.sync\.bfly\.b32 other, total, (\d+),", text)] == [
-                1 << level for level in range(levels)], name
+            words = -(-chunks * warps // 4)
+            assert len(re.findall(r"ld\.shared\.v4\.f32 \{v", text)) == words, name
+            assert len(re.findall(r"add\.rn\.f32 v\d+, v", text)) == constexprs["ROOTS"] * warps - 1, name
+            assert not _ops(text, r"shfl\.sync\.bfly\.b32 other"), name
     assert parking, "every build has a streaming consumer that parks"
+
+
+@pytest.mark.parametrize("slots,width", [(1, 1), (2, 2), (4, 4), (5, 8), (16, 16), (20, 32), (28, 32), (32, 32)])
+def test_the_roots_tables_join_is_the_pairwise_tree(slots, width):
+    """``ptx.table_sum``'s PTX, run statement by statement over fp32 values: the table's words
+    loaded (the slots past ``slots`` in its last word discarded), +0.0 to ``width``, each level's
+    adjacent pairs added in place. Every thread ends with the contract's tree, bit for bit (a NaN's
+    sign aside: the CPU's inf - inf has one)."""
+    from kernels_triton.ptx import _table_sum_asm
+
+    asm = _table_sum_asm(slots, width)
+    gen = torch.Generator().manual_seed(slots * 131 + width)
+    trials = 300
+    values = torch.randn(trials, slots, generator=gen) * torch.exp2(
+        torch.randint(-140, 60, (trials, slots), generator=gen).float())
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-45, 3.4e38, -3.4e38])
+    pick = torch.rand(trials, slots, generator=gen) < 0.3
+    values = torch.where(pick, specials[torch.randint(0, 8, (trials, slots), generator=gen)], values)
+    values[::7] = -0.0  # every slot -0.0: the padding's +0.0 decides the sign
+    words = -(-slots // 4)
+    junk = torch.full((trials, 4 * words - slots), float("nan"))  # what the last word holds past the slots
+    table = torch.cat([values, junk], dim=1)
+    registers, result = {}, None
+    for statement in filter(None, (part.strip() for part in asm.strip("{} ").split(";"))):
+        op, _, operands = statement.partition(" ")
+        if op.startswith(".reg"):
+            continue
+        if op == "ld.shared.v4.f32":
+            targets, offset = re.fullmatch(r"\{([^}]+)\}, \[\$1\+(\d+)\]", operands).groups()
+            for i, target in enumerate(targets.split(", ")):
+                registers[target] = table[:, int(offset) // 4 + i]
+        elif op == "mov.f32":
+            target, value = operands.split(", ")
+            assert value == "0f00000000", statement
+            registers[target] = torch.zeros(trials)
+        elif op == "add.rn.f32":
+            target, a, b = operands.split(", ")
+            registers[target] = registers[a] + registers[b]
+        else:
+            assert (op, operands) == ("mov.b32", "$0, v0"), statement
+            result = registers["v0"]
+    expected = pairwise_sum(values)
+    same = result.view(torch.int32) == expected.view(torch.int32)
+    assert bool((same | (torch.isnan(result) & torch.isnan(expected))).all())
+    assert len(re.findall("add.rn.f32", asm)) == width - 1
 
 
 def test_rows_park_in_shared_memory_on_the_gpu_only_up_to_its_bound():
