@@ -363,7 +363,7 @@ def kernel_plan(spec: BuildSpec, on_gpu: bool = True) -> dict[str, KernelInstanc
                                 PARKED_BYTES=parked_bytes + table_bytes, PREFETCH=prefetch,
                                 PER_THREAD_WEIGHTS=per_thread_weights, ROOTS_TABLE_BYTES=table_bytes),
                                 CONSUMER_SIGNATURE, row_warps(form_chunk),
-                                None if twin in ("_broad", "_broad_held") else held_registers(chunks) if hold else
+                                None if twin == "_broad" or broad_held_form else held_registers(chunks) if hold else
                                 LOCAL_STREAMING_MAX_REGISTERS if local_streaming or twin == "_capped" else
                                 LOCAL_COOPERATIVE_MAX_REGISTERS if latency_form else None,
                                 # Only a cooperative form that normalizes exchanges chunk roots.
