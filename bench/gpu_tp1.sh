@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200, tp = 1: the whole benchmark for one or more hidden sizes, each a run of its own, merged
-# into bench/results/h200_tp1.*.
+# into bench/results/<gpu>_tp1.* (h200_tp1 on an H200; the stem is the one bench gives the GPU).
 #
 #   bash bench/gpu_tp1.sh HIDDEN... [-- more bench options]      e.g. bash bench/gpu_tp1.sh 4096 5120
 #
@@ -13,7 +13,7 @@
 # 4096 and 5120: two device calls, 7168, then 4096 5120. Where the CuTe DSL kit is present
 # (.devkit/b, see ../shared/device/README.md) it is activated first, else cute-local is reported as
 # failing to build. Results go to bench/results; with $OUT set (the GPU machine), they are also
-# packed into $OUT/h200_tp1.tar.gz after each hidden size (the logs beside it): unpack into
+# packed into $OUT/<gpu>_tp1.tar.gz after each hidden size (the logs beside it): unpack into
 # bench/results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,9 @@ if [ -f .devkit/b/activate.sh ]; then
   # shellcheck disable=SC1091
   source .devkit/b/activate.sh || echo "devkit not activated: cute-local will be reported as failing to build"
 fi
+# bench names its results after the GPU (lamport_mhc/bench/cli.py): merge into and pack that table only
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/^NVIDIA //; s/ /-/g' | tr '[:upper:]' '[:lower:]')
+stem=${gpu}_tp1
 status=0
 for hidden in "${hiddens[@]}"; do
   left=$((deadline - SECONDS))
@@ -39,15 +42,15 @@ for hidden in "${hiddens[@]}"; do
     break
   fi
   merge=()
-  if [ -f bench/results/h200_tp1.csv ]; then merge=(--merge bench/results/h200_tp1.csv); fi
-  log=${OUT:-bench/results}/h200_tp1_h${hidden}.log
+  if [ -f "bench/results/$stem.csv" ]; then merge=(--merge "bench/results/$stem.csv"); fi
+  log=${OUT:-bench/results}/${stem}_h${hidden}.log
   mkdir -p "$(dirname "$log")"
   timeout $((left - 10)) torchrun --nproc-per-node 1 -m lamport_mhc bench --hidden "$hidden" --out bench/results \
     --time-budget $((left - 70)) ${merge[@]+"${merge[@]}"} "$@" 2>&1 | tee "$log" || status=$?
-  results=$(cd bench/results && ls h200_tp1* 2>/dev/null || true)
+  results=$(cd bench/results && ls "$stem"* 2>/dev/null || true)
   if [ -n "${OUT:-}" ] && [ -n "$results" ]; then
     # shellcheck disable=SC2086
-    tar czf "$OUT/h200_tp1.tar.gz" -C bench/results $results
+    tar czf "$OUT/$stem.tar.gz" -C bench/results $results
   fi
 done
 exit "$status"
