@@ -44,17 +44,21 @@ def finalize_read_bytes(m: int, row: int, top_k: int, held_routes: int) -> int:
     return held_routes * row + m * row + m * top_k * 8
 
 
-# Local calls of lo < M <= hi rows that move at least the GPU's L2 in bytes (at some widths less:
-# STREAMED_L2_FRACTION) access what they move once evict-first (the contribution's inputs, the
-# streams in and out; the layer input, which the next GEMM reads, is stored plainly). One H200
-# (60 MiB of L2), tp = 1, H = 4096 / 5120 / 7168, plain, quant and finalize, Triton's hints against
-# none: 768 rows 1.6-12.8% faster, 1024 2.2-4.8%, 1536 up to 6.2% (7168 quant 2.2% slower); 512 rows
-# 2-12% faster where the call moves more than 60 MiB (H = 7168, the finalize at 4096 and 5120) and
-# 7-9% at 5120 plain and quant (52-55 MB: taken at STREAMED_L2_FRACTION), 9-21% slower at 4096 plain
-# and quant (42-44 MB: without hints the next call on the same inputs finds them in L2); 2048 up to
-# 3.3% slower, 4096 3-5%. CuTe's streaming form, same run against none: 1024 rows 1.0-3.0% faster
-# (H = 4096 / 5120, plain and quant), 1536 0-1.7% slower.
-STREAMED_ROWS = (256, 1536)
+# Local calls of lo < M <= hi rows that move at least the GPU's L2 in bytes (at some widths, past
+# STREAMED_FRACTION_ABOVE_ROWS rows, less: STREAMED_L2_FRACTION) access what they move once
+# evict-first (the contribution's inputs, the streams in and out; the layer input, which the next
+# GEMM reads, is stored plainly). One H200 (60 MiB of L2), tp = 1, H = 4096 / 5120 / 7168, plain,
+# quant and finalize, Triton's hints against none: 768 rows 1.6-12.8% faster, 1024 2.2-4.8%, 1536 up
+# to 6.2% (7168 quant 2.2% slower); 512 rows 2-12% faster where the call moves more than 60 MiB
+# (H = 7168, the finalize at 4096 and 5120) and 7-9% at 5120 plain and quant (52-55 MB: taken at
+# STREAMED_L2_FRACTION), 9-21% slower at 4096 plain and quant (42-44 MB: without hints the next call
+# on the same inputs finds them in L2); 2048 up to 3.3% slower, 4096 3-5%. CuTe's streaming form,
+# same run against none: 1024 rows 1.0-3.0% faster (H = 4096 / 5120, plain and quant), 1536 0-1.7%
+# slower.
+# Up to 256 rows only a call that moves the whole L2 takes them: one H100 (50 MiB), H = 7168
+# finalize M = 256 (top-6, 1.12 x L2), the wide form hinted against not 16.8 / 20.4 us (the parked
+# one 18.4 / 23.1), while H = 5120 finalize M = 256 (0.80 x L2) hinted lost 13.0 / 11.2.
+STREAMED_ROWS = (128, 1536)
 
 # By hidden size, where measured (else 1.0): the fraction of the L2 a call must move to take the
 # hints. One H200 (Triton, 60 MiB of L2), bits unchanged, us at 0.8 / at 1.0 x L2: H = 5120 M = 512
@@ -62,15 +66,16 @@ STREAMED_ROWS = (256, 1536)
 # 14.13 / 15.64 (and 14.0-14.2 / 15.5-15.9 in three more runs), quant 15.81 / 17.78; but H = 4096
 # M = 640 plain 15.46 / 15.16, quant 16.56 / 16.60, finalize M = 384 13.88 / 13.45.
 STREAMED_L2_FRACTION = {5120: 0.8, 7168: 0.8}
+STREAMED_FRACTION_ABOVE_ROWS = 256
 
 
 def streams_past_l2(variant: str, m: int, hidden: int, hc: int, top_k: int, l2_bytes: int | None,
                     rows: tuple[int, int] = STREAMED_ROWS) -> bool:
     """Whether a local call takes the cache hints: ``rows`` rows whose HBM bytes (every route held,
-    for the finalize) are at least the L2's, or ``STREAMED_L2_FRACTION`` of it (``None``: no L2 known,
-    never)."""
+    for the finalize) are at least the L2's, or above STREAMED_FRACTION_ABOVE_ROWS rows
+    ``STREAMED_L2_FRACTION`` of it (``None``: no L2 known, never)."""
     lo, hi = rows
     if l2_bytes is None or not lo < m <= hi:
         return False
-    fraction = STREAMED_L2_FRACTION.get(hidden, 1.0)
+    fraction = STREAMED_L2_FRACTION.get(hidden, 1.0) if m > STREAMED_FRACTION_ABOVE_ROWS else 1.0
     return fused_bytes("local", variant, 1, m, hidden, hc, top_k)[1] >= fraction * l2_bytes

@@ -267,14 +267,23 @@ def _recording_launches(kernels) -> list[str]:
 
 
 @pytest.mark.parametrize("hidden,variant,m,hinted", [
-    (5120, "plain", 512, True), (5120, "quant", 448, False), (5120, "finalize", 320, True), (7168, "finalize", 256, False),
+    (5120, "plain", 512, True), (5120, "quant", 448, False), (5120, "finalize", 320, True), (7168, "finalize", 256, True),
     (7168, "plain", 384, True), (7168, "quant", 320, False), (4096, "plain", 640, False), (4096, "finalize", 384, False),
-    (4096, "plain", 768, True), (4096, "finalize", 256, False)])
+    (4096, "plain", 768, True), (4096, "finalize", 256, False), (7168, "finalize", 192, False)])
 def test_calls_take_the_hints_from_the_measured_fraction_of_the_l2(hidden, variant, m, hinted):
-    """On 60 MiB of L2: from 0.8 of it at H = 5120 and 7168 (5120 quant M = 448 moves 0.77; the
-    finalize of 256 rows at 7168 1.05, below the rows' window), from all of it at 4096 (plain M = 640
-    0.83, 768 1.00)."""
+    """On 60 MiB of L2, top-8: from 0.8 of it at H = 5120 and 7168 past 256 rows (5120 quant M = 448
+    moves 0.77), from all of it at 4096 (plain M = 640 0.83, 768 1.00) and up to 256 rows (the finalize
+    of 256 rows at 7168 1.05, of 192 rows 0.79)."""
     assert streams_past_l2(variant, m, hidden, HC, 8, 60 << 20) == hinted
+
+
+@pytest.mark.parametrize("l2_mib,hidden,m,hinted", [
+    (50, 7168, 256, True), (60, 7168, 256, False), (50, 5120, 256, False), (50, 7168, 128, False)])
+def test_few_rows_take_the_hints_only_past_the_whole_l2(l2_mib, hidden, m, hinted):
+    """The top-6 finalize of 256 rows at H = 7168 moves 1.12 x an H100's 50 MiB of L2 (hinted, as
+    measured there) but 0.93 x an H200's 60; at 5120 it moves 0.80 x 50 MiB, the fraction that
+    takes the hints past 256 rows; 128 rows are below the window."""
+    assert streams_past_l2("finalize", m, hidden, HC, 6, l2_mib << 20) == hinted
 
 
 def _chosen_kernels(kernels) -> list[str]:
