@@ -27,10 +27,10 @@ def _info(args) -> int:
     for name, answer in support_table(spec, device).items():
         print(f"  {name:7s} {'yes' if answer.ok else 'no: ' + answer.reason}")
     print("  torch   yes (unfused: gather + torch ops, any process group)")
-    family = presets.gpu_family(info.capability)
-    for line in presets.describe(family, spec.tp, spec.hidden):
+    gpu = presets.gpu_keys(info.capability, info.gpus[0] if info.gpus else None)
+    for line in presets.describe(gpu, spec.tp, spec.hidden):
         print(line)
-    preset = presets.lookup(family, spec.tp, spec.hidden)
+    preset = presets.lookup(gpu, spec.tp, spec.hidden)
     def rows(n):
         return "never" if n >= presets.NEVER else f"{n} rows"
     print(f"LL -> BT from {rows(preset.bt_min_rows)} (finalize {rows(preset.bt_min_finalize_rows)}); "
@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   "CSV: printed as table rows, or written to a presets file")
     suggest.add_argument("csv")
     suggest.add_argument("--family", default=None,
-                         help="GPU family the CSV was measured on (default: from its name, e.g. h200 -> hopper)")
+                         help="the key of its rows: the GPU family the CSV was measured on (default: from its "
+                              "name, e.g. h200 -> hopper), or a model (h100) whose rows win over the family's")
     suggest.add_argument("--hc", type=int, default=4, help="the rows of this many residual streams")
     suggest.add_argument("--write", nargs="?", const="", default=None, metavar="PATH",
                          help="write the rows into a presets file (default: ~/.cache/lamport_mhc/presets.json), "

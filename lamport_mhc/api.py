@@ -55,8 +55,7 @@ class AllReduceMHC:
         if device.type == "cuda" and device.index is None:
             self.device = device = torch.device("cuda", torch.cuda.current_device())
 
-        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        self.preset = presets.lookup(presets.gpu_family(capability), tp, hidden_size, self.config.presets_file)
+        self.preset = presets.lookup(presets.device_keys(device), tp, hidden_size, self.config.presets_file)
         self.thresholds = Thresholds(self.config.bt_min_rows or self.preset.bt_min_rows,
                                      self.config.bt_min_finalize_rows or self.preset.bt_min_finalize_rows)
         rows = mailbox_rows(tp, max_num_tokens, self.thresholds, self.config.chunk_rows, quantize_layer_input)

@@ -172,7 +172,7 @@ class ConcurrentGroup:
         self.tp, self.hidden, self.capacity = tp, hidden_size, max_num_tokens
         properties = torch.cuda.get_device_properties(self.device)
         self.sms = properties.multi_processor_count
-        preset = presets.lookup(presets.gpu_family(torch.cuda.get_device_capability(self.device)), tp, hidden_size)
+        preset = presets.lookup(presets.device_keys(self.device), tp, hidden_size)
         self.thresholds = Thresholds(bt_min_rows or preset.bt_min_rows, bt_min_finalize_rows or preset.bt_min_finalize_rows)
         quantize = hidden_size % layout.HIDDEN_MULTIPLE_MXFP8 == 0
         rows = mailbox_rows(tp, max_num_tokens, self.thresholds, chunk_rows, quantize)

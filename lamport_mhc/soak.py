@@ -164,7 +164,7 @@ def soak_one_gpu(tp: int, calls: int, backend: str, hidden: int, *, graphs: bool
     split_rows = default_split_rows if split_rows is None else split_rows
     one_kernel_rows = one_kernel_rows if ll_one_kernel_rows is None else ll_one_kernel_rows
     device = torch.device("cuda", torch.cuda.current_device())
-    preset = presets.lookup(presets.gpu_family(torch.cuda.get_device_capability(device)), tp, hidden)
+    preset = presets.lookup(presets.device_keys(device), tp, hidden)
     result = SoakResult("one-gpu", backend, tp, hidden, gpu=torch.cuda.get_device_name(device))
 
     def build(rows: int):

@@ -92,6 +92,24 @@ def test_presets_file_round_trip_and_override(tmp_path, monkeypatch):
         presets.lookup("hopper", 2, 5120, path=tmp_path / "bad.json")
 
 
+def test_a_gpu_takes_its_models_rows_before_its_familys(tmp_path, monkeypatch):
+    """An H100 is looked up as ("h100", "hopper"): the rows measured on it where there are some (tp = 1),
+    else the family's (tp = 2, measured on an H200); a presets file's row for either key wins over both."""
+    h100 = presets.gpu_keys((9, 0), "NVIDIA H100 80GB HBM3")
+    assert h100 == ("h100", "hopper") and presets.gpu_keys((9, 0), "NVIDIA H200") == ("h200", "hopper")
+    assert presets.gpu_keys((9, 0), "NVIDIA GH200 480GB")[0] == "gh200" and presets.gpu_keys(None) == ("cpu",)
+    assert presets.gpu_keys((10, 0), "NVIDIA H100") == ("blackwell",)  # a name that is not of its family
+    assert presets.resolve(h100, 1, 5120) == (presets.PRESETS[("h100", 1, 5120)], "built-in table, h100")
+    assert presets.PRESETS[("h100", 1, 5120)] != presets.PRESETS[("hopper", 1, 5120)]
+    assert presets.resolve(h100, 2, 5120) == (presets.PRESETS[("hopper", 2, 5120)], "built-in table, hopper")
+    assert presets.lookup(("h200", "hopper"), 1, 5120) == presets.lookup("hopper", 1, 5120)
+    mine = presets.Preset(3, 5, ("cute", "triton"), "mine.csv", routes={"plain": ((8192, "cute"),)})
+    file = tmp_path / "presets.json"
+    presets.write_file(file, {("hopper", 1, 5120): mine})
+    assert presets.resolve(h100, 1, 5120, file) == (mine, f"file {file} (AllReduceMHCConfig.presets_file), hopper")
+    assert "preset for h100/hopper tp=1 H=4096: built-in table, h100" in presets.describe(h100, 1, 4096)
+
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "lamport_mhc", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
