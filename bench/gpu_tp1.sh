@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200, tp = 1: the whole benchmark for one or more hidden sizes, each a run of its own, merged
+# One GPU, tp = 1: the whole benchmark for one or more hidden sizes, each a run of its own, merged
 # into bench/results/<gpu>_tp1.* (h200_tp1 on an H200; the stem is the one bench gives the GPU).
 #
 #   bash bench/gpu_tp1.sh HIDDEN... [-- more bench options]      e.g. bash bench/gpu_tp1.sh 4096 5120
@@ -30,9 +30,8 @@ if [ -f .devkit/b/activate.sh ]; then
   # shellcheck disable=SC1091
   source .devkit/b/activate.sh || echo "devkit not activated: cute-local will be reported as failing to build"
 fi
-# bench names its results after the GPU (lamport_mhc/bench/cli.py): merge into and pack that table only
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/^NVIDIA //; s/ /-/g' | tr '[:upper:]' '[:lower:]')
-stem=${gpu}_tp1
+# bench names its results after the GPU (report.gpu_slug): merge into and pack that table only
+stem=$(python -c "import torch; from lamport_mhc.bench.report import gpu_slug; print(gpu_slug(torch.cuda.get_device_name(0)))")_tp1
 status=0
 for hidden in "${hiddens[@]}"; do
   left=$((deadline - SECONDS))

@@ -92,7 +92,7 @@ def test_presets_file_round_trip_and_override(tmp_path, monkeypatch):
         presets.lookup("hopper", 2, 5120, path=tmp_path / "bad.json")
 
 
-def test_a_gpu_takes_its_models_rows_before_its_familys(tmp_path, monkeypatch):
+def test_a_gpu_takes_its_models_rows_before_its_familys(tmp_path):
     """An H100 is looked up as ("h100", "hopper"): the rows measured on it where there are some (tp = 1),
     else the family's (tp = 2, measured on an H200); a presets file's row for either key wins over both."""
     h100 = presets.gpu_keys((9, 0), "NVIDIA H100 80GB HBM3")

@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     from .floors import measure_ceilings
+    from .report import gpu_slug
     from .sweep import Sweep
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
     ceilings = measure_ceilings(group, device)
     peer = "none (a group of one)" if ceilings.peer_gbps is None else f"{ceilings.peer_gbps:.0f} GB/s"
     sweep.log(f"ceilings: peer {peer}, device copy {ceilings.hbm_gbps:.0f} GB/s")
-    gpu = torch.cuda.get_device_name(device).replace("NVIDIA ", "").replace(" ", "-").lower()
+    gpu = gpu_slug(torch.cuda.get_device_name(device))
     for hidden in args.hidden:
         sweep.run_hidden(hidden, ceilings)
         sweep.finish(Path(args.out), gpu, ceilings)  # after every hidden size: a run cut short keeps its results

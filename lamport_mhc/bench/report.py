@@ -20,6 +20,11 @@ FLOAT_COLUMNS = ("us_median", "us_min", "us_max", "floor_us", "ratio_to_floor", 
 TAIL_BAR, TAIL_BAR_FROM_M = 0.85, 1024
 
 
+def gpu_slug(device_name: str) -> str:
+    """The GPU's part of a results file's name: "NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3"."""
+    return device_name.replace("NVIDIA ", "").replace(" ", "-").lower()
+
+
 def read_rows(path) -> list[dict]:
     """The rows of a bench CSV with the types the sweep records (empty cells: None). CSVs written
     before the hc column existed were measured at hc = 4."""
