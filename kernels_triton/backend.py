@@ -14,6 +14,7 @@ import torch
 from lamport_mhc.backend import BuildSpec, ConsumerArgs, Support, cuda_device_support, symmetric_memory_support
 from lamport_mhc.call import Call
 from lamport_mhc.carveout import pin_build
+from lamport_mhc.presets import device_keys
 from lamport_mhc.traffic import STREAMED_ROWS, streams_past_l2
 from lamport_mhc.workspace import Workspace
 
@@ -167,16 +168,52 @@ LOCAL_X_PARKED_ROWS_PER_SM = {(4, "plain"): ((7, 8),), (5, "plain"): ((7, 8), (1
 # 4.51 (M = 128 / 256), and 3.51 / 3.50, 4.24 / 4.10, 4.61 / 4.42 in a second run.
 LOCAL_X_HINTED_WIDE_ROWS_PER_SM = {(4, "quant"): 2, (7, "quant"): 1}
 
+# The windows above were measured on one H200. A GPU model whose forms rank otherwise replaces a
+# table's entries by (chunks, variant) here, keyed as ``presets.gpu_keys`` names the model first
+# (tables: "cooperative", "wide", "parked", "broad", "hinted_broad_held"; an entry absent: the
+# H200's). One H100 (132 SMs, 50 MiB of L2), tp = 1, CUDA graphs, us, two rounds where two are given
+# (``bench/results/h100_tp1_forms.json`` runs 5, 6 and 8; the strong tail's fastest form last):
+# - 1000 / 1024 rows, where the H200 took the parked form (hinted): H = 4096 plain wide (hinted)
+#   29.07 / 29.76-30.54 against parked 30.00 / 30.55-30.59 (strong 28.92 / 29.46-29.61); 5120 plain
+#   wide (hinted) 37.20 / 37.99 against 37.83 / 38.67 (36.87 / 37.69); 7168 plain broad 51.12 /
+#   52.10-52.15 against 52.31 / 53.52-53.61 (51.21 / 51.92-52.14); 4096 quant, which took the wide
+#   twin, the broad held twin hinted 30.26-30.34 / 31.36 against 31.57-31.98 / 32.49 (30.19-30.36 /
+#   30.96).
+# - 2048 rows, the cooperative form (capped) against the form the calls took: H = 5120 plain 72.45 /
+#   72.46 against 76.46 / 76.90 (parked; the wide twin 73.77 / 73.93, strong 74.74), quant 78.95
+#   against 81.09 (parked; strong 79.53).
+# - H = 5120 plain at few rows, the cooperative form against the wide twin: M = 64 2.90-3.07 against
+#   3.78-3.97, but M = 100 4.15-4.31 against 3.94-4.47 (hinted 3.92-4.10; strong 4.04-4.23) and M =
+#   128 4.23-4.28 against 4.19-4.21; M = 160 / 192 the parked form (hinted) 5.16-5.18 / 5.41-5.79
+#   against 5.47-5.50 / 5.88-5.91 (cooperative, capped) and 5.44-5.45 / 5.46-5.50 (wide).
+MODEL_WINDOWS: dict[str, dict[str, dict[tuple[int, str], tuple]]] = {
+    "h100": {
+        "cooperative": {(5, "plain"): ((0, 0.6), (12, 16)), (5, "quant"): ((0, 1.5), (12, 16))},
+        "wide": {(5, "plain"): (1, 5.5)},
+        "parked": {(4, "plain"): (), (5, "plain"): (), (7, "plain"): ()},
+        "broad": {(7, "plain"): ((0.85, 1.0), (7, 8), (11, 16))},
+        "hinted_broad_held": {(4, "quant"): ((7, 8),), (7, "quant"): ((0.84, 1.0),)},
+    },
+}
+
+
+def model_windows(table: dict, name: str, model: str | None) -> dict:
+    """``table`` (a window table above, ``name`` in ``MODEL_WINDOWS``) as measured on ``model``: the
+    model's entries over the H200's."""
+    return {**table, **MODEL_WINDOWS.get(model, {}).get(name, {})}
+
+
 UNBOUNDED = 1 << 62  # more rows (or clusters) than any call has
 
 
-def wide_window(hidden: int, variant: str, local_x: bool, sms: int) -> tuple[int, int]:
+def wide_window(hidden: int, variant: str, local_x: bool, sms: int, model: str | None = None) -> tuple[int, int]:
     """(at most, at least): the rows of the local streaming calls of ``variant`` (of x, or the
-    finalize's) that take its wide twin on a GPU of ``sms`` SMs (``LOCAL_X_WIDE_ROWS_PER_SM`` where
-    measured, else ``WIDE_ROWS_PER_SM`` and ``TILED_WIDE_MIN_ROWS_PER_SM``, or the four-chunk twin's
-    many rows)."""
+    finalize's) that take its wide twin on a GPU of ``sms`` SMs, of ``model`` (``LOCAL_X_WIDE_ROWS_PER_SM``
+    where measured, else ``WIDE_ROWS_PER_SM`` and ``TILED_WIDE_MIN_ROWS_PER_SM``, or the four-chunk
+    twin's many rows)."""
     many = wide_takes_many_rows(hidden, variant, local_x)
-    measured = LOCAL_X_WIDE_ROWS_PER_SM.get((row_chunks(hidden)[1], variant)) if local_x else None
+    table = model_windows(LOCAL_X_WIDE_ROWS_PER_SM, "wide", model)
+    measured = table.get((row_chunks(hidden)[1], variant)) if local_x else None
     if measured is not None:
         fewest, most = measured
     elif four_chunk_wide(hidden, variant):
@@ -221,6 +258,8 @@ class TritonKernels:
         properties = None if interpret else torch.cuda.get_device_properties(device)
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else properties.multi_processor_count
+        # The GPU model whose measured windows the local calls take (``MODEL_WINDOWS``; None: the H200's).
+        self.model = None if interpret else device_keys(device)[0]
         self.derive_bounds()
         self.l2_bytes = None if interpret else properties.L2_cache_size
         # The LL mailbox's table and multicast address (a group of one has none). Every launch passes
@@ -259,12 +298,13 @@ class TritonKernels:
         self.local_x_held_windows = self._local_x_windows(LOCAL_X_HELD_ROWS_PER_SM)
         # Local calls of x in these windows of rows take the ``_broad`` twin, where the plan has one,
         # and in the parked ones the parked form where the wide twin's window would take them.
-        self.local_x_broad_windows = self._local_x_windows(LOCAL_X_BROAD_ROWS_PER_SM)
+        self.local_x_broad_windows = self._local_x_windows(LOCAL_X_BROAD_ROWS_PER_SM, "broad")
         # Local calls of x in these windows of rows take the ``_broad_held`` twin (in the hinted ones
         # its hinted twin), where the plan has one, before any other form.
         self.local_x_broad_held_windows = self._local_x_windows(LOCAL_X_BROAD_HELD_ROWS_PER_SM)
-        self.local_x_hinted_broad_held_windows = self._local_x_windows(LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM)
-        self.local_x_parked_windows = self._local_x_windows(LOCAL_X_PARKED_ROWS_PER_SM)
+        self.local_x_hinted_broad_held_windows = self._local_x_windows(LOCAL_X_HINTED_BROAD_HELD_ROWS_PER_SM,
+                                                                       "hinted_broad_held")
+        self.local_x_parked_windows = self._local_x_windows(LOCAL_X_PARKED_ROWS_PER_SM, "parked")
         # Local calls of x of at most this many rows that take the wide twin take its hinted twin.
         self.local_x_hinted_wide_rows = {variant: 0 if self.resident is None else int(
             LOCAL_X_HINTED_WIDE_ROWS_PER_SM.get((self.chunks, variant), 0) * self.resident) for variant in VARIANT_CODES}
@@ -289,7 +329,8 @@ class TritonKernels:
         finalize's) take the cooperative form: as measured (``LOCAL_X_COOPERATIVE_ROWS_PER_SM``,
         ``LOCAL_FINALIZE_COOPERATIVE_ROWS_PER_SM``), else ``split_rows``'."""
         if local_x:
-            measured = LOCAL_X_COOPERATIVE_ROWS_PER_SM.get((self.chunks, variant))
+            table = model_windows(LOCAL_X_COOPERATIVE_ROWS_PER_SM, "cooperative", self.model)
+            measured = table.get((self.chunks, variant))
         else:
             most = LOCAL_FINALIZE_COOPERATIVE_ROWS_PER_SM.get(self.chunks) if variant != "residual" else None
             measured = None if most is None else ((0, most),)
@@ -309,9 +350,11 @@ class TritonKernels:
             return 0
         return UNBOUNDED if math.isinf(measured) else int(measured * self.resident)
 
-    def _local_x_windows(self, table: dict) -> dict[str, tuple[tuple[int, int], ...]]:
-        """A table of windows of rows per SM by (chunks, variant) as each variant's windows of rows on
-        this GPU (none where unmeasured, or no SMs are known)."""
+    def _local_x_windows(self, table: dict, name: str | None = None) -> dict[str, tuple[tuple[int, int], ...]]:
+        """A table of windows of rows per SM by (chunks, variant) (``name``: its name in
+        ``MODEL_WINDOWS``, where this GPU's model may replace entries) as each variant's windows of
+        rows on this GPU (none where unmeasured, or no SMs are known)."""
+        table = model_windows(table, name, self.model) if name else table
         return {variant: () if self.resident is None else self._rows_of(table.get((self.chunks, variant), ()))
                 for variant in VARIANT_CODES}
 
@@ -320,7 +363,7 @@ class TritonKernels:
         wide twin takes many rows)."""
         if self.resident is None:
             return 0, 0 if wide_takes_many_rows(self.spec.hidden, variant, local_x) else UNBOUNDED
-        return wide_window(self.spec.hidden, variant, local_x, self.resident)
+        return wide_window(self.spec.hidden, variant, local_x, self.resident, self.model)
 
     def _split(self, m: int, waits_for_twins: bool = False, local: tuple[str, bool] | None = None) -> int:
         """Programs per token of a call of ``m`` rows (``local``: a local call's (variant, local_x))."""

@@ -226,11 +226,13 @@ def test_latency_form_bound_and_residency():
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
 
 
-def _as_on_an_h200(hidden: int):
-    """The Triton kernels of a group of one at ``hidden``, their bounds derived as on 132 SMs."""
+def _as_on_an_h200(hidden: int, model: str | None = None):
+    """The Triton kernels of a group of one at ``hidden``, their bounds derived as on 132 SMs (of
+    ``model``, where given: its ``MODEL_WINDOWS``)."""
     kernels = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
                              quantize_layer_input=True).paths[0].kernels["triton"]
     kernels.resident = 132
+    kernels.model = model
     kernels.derive_bounds()
     return kernels
 
@@ -415,6 +417,35 @@ def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, varia
     finalize = _chosen_kernels(kernels)
     kernels._launch_consumer(f"local_finalize_{variant}", 128, variant=variant, local=True)
     assert "_broad" not in finalize[0] and "_streamed" not in finalize[0]
+
+
+@pytest.mark.parametrize("hidden,variant,rows", [
+    # 7-8 rows per SM: no parked form; H = 4096 plain the wide twin, 7168 plain the broad twin.
+    (4096, "plain", {924: "local_plain_wide", 1000: "local_plain_wide", 1056: "local_plain_wide"}),
+    (7168, "plain", {924: "local_plain_wide", 925: "local_plain_broad", 1056: "local_plain_broad",
+                     1057: "local_plain_wide"}),
+    (4096, "quant", {924: "local_quant_wide", 925: "local_quant_broad_held_streamed",
+                     1056: "local_quant_broad_held_streamed", 1057: "local_quant_wide"}),
+    # H = 5120 plain: cooperative to 0.6 rows per SM, the wide twin to one, then parked; the wide
+    # twin from 5.5 but cooperative at 12-16 (both variants).
+    (5120, "plain", {79: "local_plain_split", 80: "local_plain_wide", 132: "local_plain_wide",
+                     133: "local_plain", 725: "local_plain", 1000: "local_plain_wide", 1584: "local_plain_wide",
+                     1585: "local_plain_split", 2112: "local_plain_split", 2113: "local_plain_wide"}),
+    (5120, "quant", {198: "local_quant_split", 1584: "local_quant", 1585: "local_quant_split",
+                     2112: "local_quant_split", 2113: "local_quant"}),
+])
+def test_an_h100_takes_the_windows_measured_on_it(hidden, variant, rows):
+    """On 132 SMs of an H100, the local calls of x take the forms of its ``MODEL_WINDOWS`` where they
+    replace the H200's; the rows no entry covers keep the H200's (``test_local_calls_of_x_take_...``)."""
+    def chosen(kernels):
+        launched, names = _chosen_kernels(kernels), {}
+        for m in rows:
+            kernels._launch_consumer(f"local_{variant}", m, variant=variant, local=True, local_x=True)
+            names[m] = launched[-1]
+        return names
+
+    assert chosen(_as_on_an_h200(hidden, "h100")) == rows
+    assert chosen(_as_on_an_h200(hidden)) != rows  # an H200 takes other forms at some of these rows
 
 
 def test_the_broad_twin_of_x_gives_the_references_bits():
