@@ -203,6 +203,14 @@ def model_windows(table: dict, name: str, model: str | None) -> dict:
     return {**table, **MODEL_WINDOWS.get(model, {}).get(name, {})}
 
 
+def describe_windows(model: str | None) -> str:
+    """Which windows the local forms take on a GPU of ``model`` (``python -m lamport_mhc info``)."""
+    if model in MODEL_WINDOWS:
+        return (f"triton local forms: the windows measured on the {model} ({', '.join(MODEL_WINDOWS[model])}), "
+                "else the H200's")
+    return "triton local forms: the windows measured on the H200"
+
+
 UNBOUNDED = 1 << 62  # more rows (or clusters) than any call has
 
 

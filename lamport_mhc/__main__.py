@@ -24,7 +24,8 @@ def _info(args) -> int:
     spec = BuildSpec(hidden=args.hidden, hc=args.hc, capacity=args.capacity, top_k=args.top_k,
                      tp=args.tp or max(2, len(info.gpus)), rank=0)
     print(f"backends for tp={spec.tp} H={spec.hidden} hc={spec.hc} on {device}:")
-    for name, answer in support_table(spec, device).items():
+    supported = support_table(spec, device)
+    for name, answer in supported.items():
         print(f"  {name:7s} {'yes' if answer.ok else 'no: ' + answer.reason}")
     print("  torch   yes (unfused: gather + torch ops, any process group)")
     gpu = presets.gpu_keys(info.capability, info.gpus[0] if info.gpus else None)
@@ -45,6 +46,10 @@ def _info(args) -> int:
     for variant, ranges in preset.routes.items():
         print(f"  auto {variant:8s} " + ", ".join(f"M <= {up_to}: {backend}" for up_to, backend in ranges[:-1])
               + (", " if len(ranges) > 1 else "") + f"beyond: {ranges[-1][1]}")
+    if supported["triton"].ok:
+        from kernels_triton.backend import describe_windows
+
+        print(describe_windows(gpu[0]))
     return 0
 
 

@@ -561,3 +561,13 @@ def test_cooperative_calls_past_the_resident_clusters_take_the_capped_twin():
     for m in (2, 3):
         check_simulated(group, random_inputs(1, m, 1408, HC, seed=m, top_k=TOP_K), "plain", EPS)
     assert launched == ["local_plain_split"] * 2 + ["local_plain_split_capped"] * 2  # mix, then normalize
+
+
+def test_info_names_the_model_whose_windows_the_local_forms_take():
+    """``python -m lamport_mhc info`` on a GPU says which windows its local forms take."""
+    from kernels_triton.backend import MODEL_WINDOWS, describe_windows
+
+    h100 = describe_windows("h100")
+    assert "h100" in h100 and all(table in h100 for table in MODEL_WINDOWS["h100"])
+    assert describe_windows("h200") == describe_windows("hopper") == describe_windows(None)
+    assert "H200" in describe_windows(None)
