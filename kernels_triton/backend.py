@@ -192,7 +192,7 @@ MODEL_WINDOWS: dict[str, dict[str, dict[tuple[int, str], tuple]]] = {
         "wide": {(5, "plain"): (1, 5.5)},
         "parked": {(4, "plain"): (), (5, "plain"): (), (7, "plain"): ()},
         "broad": {(7, "plain"): ((0.85, 1.0), (7, 8), (11, 16))},
-        "hinted_broad_held": {(4, "quant"): ((7, 8),), (7, "quant"): ((0.84, 1.0),)},
+        "hinted_broad_held": {(4, "quant"): ((7, 8),)},
     },
 }
 
