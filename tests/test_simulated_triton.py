@@ -382,6 +382,16 @@ def test_wide_windows_as_measured(hidden, variant, local_x, window):
     assert wide_window(hidden, variant, local_x, 132) == window
 
 
+def _local_forms_of_x(kernels, variant: str, rows) -> dict[int, str]:
+    """The kernel each local call of x of ``rows`` rows would launch last (the interpreter runs a
+    cooperative call as two launches); nothing runs."""
+    launched, chosen = _chosen_kernels(kernels), {}
+    for m in rows:
+        kernels._launch_consumer(f"local_{variant}", m, variant=variant, local=True, local_x=True)
+        chosen[m] = launched[-1]
+    return chosen
+
+
 @pytest.mark.parametrize("hidden,variant,rows", [
     # H = 7168 plain: broad at about one row per SM and from 1452 rows, parked at 7-8 rows per SM.
     (7168, "plain", {101: "local_plain_split", 102: "local_plain_wide", 112: "local_plain_wide",
@@ -408,12 +418,7 @@ def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, varia
     twin's hinted twin in its few rows (``LOCAL_X_HINTED_WIDE_ROWS_PER_SM``).
     The finalize takes none of these windows."""
     kernels = _as_on_an_h200(hidden)
-    launched = _chosen_kernels(kernels)
-    chosen = {}
-    for m in rows:
-        kernels._launch_consumer(f"local_{variant}", m, variant=variant, local=True, local_x=True)
-        chosen[m] = launched[-1]  # (the interpreter runs a cooperative call as two launches)
-    assert chosen == rows
+    assert _local_forms_of_x(kernels, variant, rows) == rows
     finalize = _chosen_kernels(kernels)
     kernels._launch_consumer(f"local_finalize_{variant}", 128, variant=variant, local=True)
     assert "_broad" not in finalize[0] and "_streamed" not in finalize[0]
@@ -437,15 +442,8 @@ def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, varia
 def test_an_h100_takes_the_windows_measured_on_it(hidden, variant, rows):
     """On 132 SMs of an H100, the local calls of x take the forms of its ``MODEL_WINDOWS`` where they
     replace the H200's; the rows no entry covers keep the H200's (``test_local_calls_of_x_take_...``)."""
-    def chosen(kernels):
-        launched, names = _chosen_kernels(kernels), {}
-        for m in rows:
-            kernels._launch_consumer(f"local_{variant}", m, variant=variant, local=True, local_x=True)
-            names[m] = launched[-1]
-        return names
-
-    assert chosen(_as_on_an_h200(hidden, "h100")) == rows
-    assert chosen(_as_on_an_h200(hidden)) != rows  # an H200 takes other forms at some of these rows
+    assert _local_forms_of_x(_as_on_an_h200(hidden, "h100"), variant, rows) == rows
+    assert _local_forms_of_x(_as_on_an_h200(hidden), variant, rows) != rows  # an H200's differ at some
 
 
 def test_the_broad_twin_of_x_gives_the_references_bits():
