@@ -185,10 +185,12 @@ LOCAL_X_HINTED_WIDE_ROWS_PER_SM = {(4, "quant"): 2, (7, "quant"): 1}
 # - H = 5120 plain at few rows, the cooperative form against the wide twin: M = 64 2.90-3.07 against
 #   3.78-3.97, but M = 100 4.15-4.31 against 3.94-4.47 (hinted 3.92-4.10; strong 4.04-4.23) and M =
 #   128 4.23-4.28 against 4.19-4.21; M = 160 / 192 the parked form (hinted) 5.16-5.18 / 5.41-5.79
-#   against 5.47-5.50 / 5.88-5.91 (cooperative, capped) and 5.44-5.45 / 5.46-5.50 (wide).
+#   against 5.47-5.50 / 5.88-5.91 (cooperative, capped) and 5.44-5.45 / 5.46-5.50 (wide). The edge,
+#   two rounds: M = 72 / 80 / 88 cooperative 3.38-3.40, 3.29-3.32, 3.33-3.34 against the wide twin's
+#   3.81-3.82, 3.84, 3.89-3.90; M = 100 3.94-3.95 (wide, hinted) against 4.15-4.16 (strong 4.02-4.04).
 MODEL_WINDOWS: dict[str, dict[str, dict[tuple[int, str], tuple]]] = {
     "h100": {
-        "cooperative": {(5, "plain"): ((0, 0.6), (12, 16)), (5, "quant"): ((0, 1.5), (12, 16))},
+        "cooperative": {(5, "plain"): ((0, 0.7), (12, 16)), (5, "quant"): ((0, 1.5), (12, 16))},
         "wide": {(5, "plain"): (1, 5.5)},
         "parked": {(4, "plain"): (), (5, "plain"): (), (7, "plain"): ()},
         "broad": {(7, "plain"): ((0.85, 1.0), (7, 8), (11, 16))},

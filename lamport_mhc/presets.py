@@ -95,17 +95,17 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
                 "quant": ((8192, "triton"),)}),
     ("h100", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
-        routes={"plain": ((1000, "triton"), (8192, "cute"),),
+        routes={"plain": ((2048, "triton"), (8192, "cute"),),
                 "finalize": ((512, "triton"), (8192, "cute"),),
-                "quant": ((1000, "triton"), (8192, "cute"),)}),
+                "quant": ((8192, "triton"),)}),
     ("h100", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
-        routes={"plain": ((512, "triton"), (8192, "cute"),),
+        routes={"plain": ((2048, "triton"), (8192, "cute"),),
                 "finalize": ((1024, "triton"), (8192, "cute"),),
                 "quant": ((1000, "triton"), (8192, "cute"),)}),
     ("h100", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
-        routes={"plain": ((1000, "triton"), (8192, "cute"),),
+        routes={"plain": ((2048, "triton"), (8192, "cute"),),
                 "finalize": ((1024, "triton"), (8192, "cute"),),
                 "quant": ((256, "triton"), (8192, "cute"),)}),
     ("hopper", 2, 4096): Preset(

@@ -431,9 +431,9 @@ def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, varia
                      1057: "local_plain_wide"}),
     (4096, "quant", {924: "local_quant_wide", 925: "local_quant_broad_held_streamed",
                      1056: "local_quant_broad_held_streamed", 1057: "local_quant_wide"}),
-    # H = 5120 plain: cooperative to 0.6 rows per SM, the wide twin to one, then parked; the wide
+    # H = 5120 plain: cooperative to 0.7 rows per SM, the wide twin to one, then parked; the wide
     # twin from 5.5 but cooperative at 12-16 (both variants).
-    (5120, "plain", {79: "local_plain_split", 80: "local_plain_wide", 132: "local_plain_wide",
+    (5120, "plain", {92: "local_plain_split", 93: "local_plain_wide", 132: "local_plain_wide",
                      133: "local_plain", 725: "local_plain", 1000: "local_plain_wide", 1584: "local_plain_wide",
                      1585: "local_plain_split", 2112: "local_plain_split", 2113: "local_plain_wide"}),
     (5120, "quant", {198: "local_quant_split", 1584: "local_quant", 1585: "local_quant_split",
