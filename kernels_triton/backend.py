@@ -188,14 +188,16 @@ LOCAL_X_HINTED_WIDE_ROWS_PER_SM = {(4, "quant"): 2, (7, "quant"): 1}
 #   against 5.47-5.50 / 5.88-5.91 (cooperative, capped) and 5.44-5.45 / 5.46-5.50 (wide). The edge,
 #   two rounds: M = 72 / 80 / 88 cooperative 3.38-3.40, 3.29-3.32, 3.33-3.34 against the wide twin's
 #   3.81-3.82, 3.84, 3.89-3.90; M = 100 3.94-3.95 (wide, hinted) against 4.15-4.16 (strong 4.02-4.04).
-# - H = 4096 from 11 rows per SM, the cooperative form (capped) against the form the calls took, one
-#   round: plain M = 1536 / 2048 / 3072 / 4096 / 8192 43.97 / 57.87 / 85.38 / 112.93 / 223.12 against
-#   45.94 / 58.86 / 87.01 / 115.36 / 226.70 (strong 43.78 / 58.48 / 88.95 / 118.44 / 233.82); quant
-#   M = 4096 / 8192 120.32 / 237.32 against 122.64 / 241.51 (strong 127.06 / 249.56); but M = 1000 /
-#   1024 plain 29.65 / 30.51 against 28.80 / 30.42, quant 31.75 / 32.59 against 30.79 / 31.83.
+# - H = 4096 from 9 rows per SM plain, 11 quant, the cooperative form (capped) against the form the
+#   calls took, one round: plain M = 1280 / 1536 / 2048 / 3072 / 4096 / 8192 37.47 / 43.97 / 57.87 /
+#   85.38 / 112.93 / 223.12 against 39.17 / 45.94 / 58.86 / 87.01 / 115.36 / 226.70 (strong 37.96 /
+#   43.78 / 58.48 / 88.95 / 118.44 / 233.82); quant M = 1536 / 2048 / 3072 / 4096 / 8192 47.00 /
+#   62.11 / 91.27 / 120.32 / 237.32 against 49.58 / 63.02 / 93.91 / 122.64 / 241.51 (strong 46.64 /
+#   64.02 / 96.77 / 127.06 / 249.56); but M = 1000 / 1024 plain 29.65 / 30.51 against 28.80 / 30.42,
+#   quant 31.75 / 32.59 against 30.79 / 31.83.
 MODEL_WINDOWS: dict[str, dict[str, dict[tuple[int, str], tuple]]] = {
     "h100": {
-        "cooperative": {(4, "plain"): ((0, 0.85), (1, 1.25), (11, 64)), (4, "quant"): ((0, 0.85), (1, 1.35), (30, 64)),
+        "cooperative": {(4, "plain"): ((0, 0.85), (1, 1.25), (9, 64)), (4, "quant"): ((0, 0.85), (1, 1.35), (11, 64)),
                         (5, "plain"): ((0, 0.7), (12, 16)), (5, "quant"): ((0, 1.5), (12, 16))},
         "wide": {(5, "plain"): (1, 5.5)},
         "parked": {(4, "plain"): (), (5, "plain"): (), (7, "plain"): ()},

@@ -95,7 +95,7 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
                 "quant": ((8192, "triton"),)}),
     ("h100", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
-        routes={"plain": ((2048, "triton"), (8192, "cute"),),
+        routes={"plain": ((8192, "triton"),),
                 "finalize": ((512, "triton"), (8192, "cute"),),
                 "quant": ((8192, "triton"),)}),
     ("h100", 1, 5120): Preset(

@@ -438,9 +438,9 @@ def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, varia
                      1585: "local_plain_split", 2112: "local_plain_split", 2113: "local_plain_wide"}),
     (5120, "quant", {198: "local_quant_split", 1584: "local_quant", 1585: "local_quant_split",
                      2112: "local_quant_split", 2113: "local_quant"}),
-    # H = 4096: cooperative from 11 rows per SM (plain) and 30 (quant), to 64.
-    (4096, "plain", {1452: "local_plain_wide", 1453: "local_plain_split", 8192: "local_plain_split"}),
-    (4096, "quant", {3960: "local_quant_wide", 3961: "local_quant_split", 8192: "local_quant_split"}),
+    # H = 4096: cooperative from 9 rows per SM (plain) and 11 (quant), to 64.
+    (4096, "plain", {1188: "local_plain_wide", 1189: "local_plain_split", 8192: "local_plain_split"}),
+    (4096, "quant", {1452: "local_quant_wide", 1453: "local_quant_split", 8192: "local_quant_split"}),
 ])
 def test_an_h100_takes_the_windows_measured_on_it(hidden, variant, rows):
     """On 132 SMs of an H100, the local calls of x take the forms of its ``MODEL_WINDOWS`` where they
