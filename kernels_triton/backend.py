@@ -276,7 +276,8 @@ class TritonKernels:
         properties = None if interpret else torch.cuda.get_device_properties(device)
         # Programs that wait for their twins on other ranks must all be resident: one per SM is.
         self.resident = None if interpret else properties.multi_processor_count
-        # The GPU model whose measured windows the local calls take (``MODEL_WINDOWS``; None: the H200's).
+        # The GPU model whose measured windows the local calls take (``MODEL_WINDOWS``; a model it lacks,
+        # or None under the interpreter: the H200's).
         self.model = None if interpret else device_keys(device)[0]
         self.derive_bounds()
         self.l2_bytes = None if interpret else properties.L2_cache_size

@@ -226,7 +226,7 @@ def test_latency_form_bound_and_residency():
     assert one_chunk.paths[0].kernels["triton"]._split(1) == 1  # a row of one chunk has no latency form
 
 
-def _as_on_an_h200(hidden: int, model: str | None = None):
+def _on_132_sms(hidden: int, model: str | None = None):
     """The Triton kernels of a group of one at ``hidden``, their bounds derived as on 132 SMs (of
     ``model``, where given: its ``MODEL_WINDOWS``)."""
     kernels = SimulatedGroup(1, hidden_size=hidden, hc_mult=HC, max_num_tokens=CAPACITY, top_k=TOP_K,
@@ -244,7 +244,7 @@ def test_local_calls_take_the_cooperative_form_as_measured(hidden, plain, quant,
     """On 132 SMs the local calls take the cooperative form in the windows of rows per SM measured for
     their row's chunks (4, 5, 7): the calls of x by variant, the finalize's up to 1.4-1.75 rows per SM.
     Other widths, the residual variant and calls with a mailbox: while 7 programs per SM hold them."""
-    kernels = _as_on_an_h200(hidden)
+    kernels = _on_132_sms(hidden)
     assert kernels.split_rows == 7 * 132 // kernels.chunks
     for local_x in (True, False):
         assert kernels.local_split_windows["residual", local_x] == ((0, kernels.split_rows),)
@@ -338,14 +338,14 @@ def test_local_calls_of_x_take_the_held_twin_in_their_measured_window():
     """On 132 SMs the local quant calls of x at H = 5120 take the held twin also while one wave of its
     programs holds them (561-660 rows); the other widths and variants, and the finalize, only from
     ``held_rows``."""
-    kernels = _as_on_an_h200(5120)
+    kernels = _on_132_sms(5120)
     assert kernels.local_x_held_windows == {"plain": (), "quant": ((561, 660),), "residual": ()}
     assert "local_quant_held" in kernels.plan and "local_finalize_quant_held" not in kernels.plan
     launched = _chosen_kernels(kernels)
     for m in (561, 562, 660, 661):
         kernels._launch_consumer("local_quant", m, variant="quant", local=True, local_x=True)
     assert launched == ["local_quant", "local_quant_held", "local_quant_held", "local_quant"]
-    assert all(not any(other.local_x_held_windows.values()) for other in (_as_on_an_h200(4096), _as_on_an_h200(7168)))
+    assert all(not any(other.local_x_held_windows.values()) for other in (_on_132_sms(4096), _on_132_sms(7168)))
 
 
 def test_local_calls_take_the_wide_twins_outside_their_window():
@@ -417,7 +417,7 @@ def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, varia
     ``LOCAL_X_PARKED_ROWS_PER_SM`` where the wide twin's window would take the call, and the wide
     twin's hinted twin in its few rows (``LOCAL_X_HINTED_WIDE_ROWS_PER_SM``).
     The finalize takes none of these windows."""
-    kernels = _as_on_an_h200(hidden)
+    kernels = _on_132_sms(hidden)
     assert _local_forms_of_x(kernels, variant, rows) == rows
     finalize = _chosen_kernels(kernels)
     kernels._launch_consumer(f"local_finalize_{variant}", 128, variant=variant, local=True)
@@ -445,8 +445,8 @@ def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, varia
 def test_an_h100_takes_the_windows_measured_on_it(hidden, variant, rows):
     """On 132 SMs of an H100, the local calls of x take the forms of its ``MODEL_WINDOWS`` where they
     replace the H200's; the rows no entry covers keep the H200's (``test_local_calls_of_x_take_...``)."""
-    assert _local_forms_of_x(_as_on_an_h200(hidden, "h100"), variant, rows) == rows
-    assert _local_forms_of_x(_as_on_an_h200(hidden), variant, rows) != rows  # an H200's differ at some
+    assert _local_forms_of_x(_on_132_sms(hidden, "h100"), variant, rows) == rows
+    assert _local_forms_of_x(_on_132_sms(hidden), variant, rows) != rows  # an H200's differ at some
 
 
 def test_the_broad_twin_of_x_gives_the_references_bits():
@@ -505,7 +505,7 @@ def test_local_calls_of_x_take_the_broad_held_twin_in_its_windows():
     """Calls of x in the broad held twin's windows take it before any other form (in the hinted
     windows its hinted twin, as do calls that stream past the L2); the finalize, which has no such
     twin, keeps its form."""
-    kernels = _as_on_an_h200(4096)
+    kernels = _on_132_sms(4096)
     launched = _chosen_kernels(kernels)
     kernels.local_x_broad_held_windows = {"plain": ((99, 128),), "quant": (), "residual": ()}
     kernels.local_x_hinted_broad_held_windows = {"plain": (), "quant": ((99, 128),), "residual": ()}
@@ -538,7 +538,7 @@ def test_local_calls_of_x_take_the_capped_twin_as_measured(hidden, capped_rows, 
     """On 132 SMs the local cooperative calls of x past the uncapped form's resident clusters take
     the capped twin only from 1.4 rows per SM at H = 5120 and never at 7168 (unmeasured widths: from
     the resident clusters); the finalize's from the resident clusters."""
-    kernels = _as_on_an_h200(hidden)
+    kernels = _on_132_sms(hidden)
     assert kernels.local_x_capped_rows == capped_rows
     launched = _chosen_kernels(kernels)  # a cooperative call: mix, then normalize
     kernels._spreads["local_plain_split"] = (None, 0, (Spread(ctas_per_sm=8, clusters=100, shared_bytes=0),))
