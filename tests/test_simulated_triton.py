@@ -269,9 +269,10 @@ def _recording_launches(kernels) -> list[str]:
 
 
 @pytest.mark.parametrize("hidden,variant,m,hinted", [
-    (5120, "plain", 512, True), (5120, "quant", 448, False), (5120, "finalize", 320, True), (7168, "finalize", 256, True),
-    (7168, "plain", 384, True), (7168, "quant", 320, False), (4096, "plain", 640, False), (4096, "finalize", 384, False),
-    (4096, "plain", 768, True), (4096, "finalize", 256, False), (7168, "finalize", 192, False)])
+    (5120, "plain", 512, True), (5120, "quant", 448, False), (5120, "finalize", 320, True),
+    (7168, "finalize", 256, True), (7168, "plain", 384, True), (7168, "quant", 320, False),
+    (4096, "plain", 640, False), (4096, "finalize", 384, False), (4096, "plain", 768, True),
+    (4096, "finalize", 256, False), (7168, "finalize", 192, False)])
 def test_calls_take_the_hints_from_the_measured_fraction_of_the_l2(hidden, variant, m, hinted):
     """On 60 MiB of L2, top-8: from 0.8 of it at H = 5120 and 7168 past 256 rows (5120 quant M = 448
     moves 0.77), from all of it at 4096 (plain M = 640 0.83, 768 1.00) and up to 256 rows (the finalize
