@@ -6,7 +6,7 @@
 #
 # Every fused path (auto, triton-local, cute-local), the strong tail, unfused-best and the other
 # unfused paths, plain / finalize / quant, M = 1..8192 (powers of two and 3, 100, 1000), 50 calls per
-# graph, median of 5 replays (the minimum bench accepts). The hidden sizes share one deadline,
+# graph, median of 9 replays, a row's paths replayed in turns. The hidden sizes share one deadline,
 # $DEADLINE_S seconds (default 575, inside a device call of 600): a run starts no new M 70 s before it
 # (what was measured is written; the note names the Ms left), is killed 10 s before it, and a hidden
 # size with under 150 s left is not started. One H200 took about 260 s at H 7168 and 120-130 s at
@@ -44,7 +44,7 @@ for hidden in "${hiddens[@]}"; do
   if [ -f "bench/results/$stem.csv" ]; then merge=(--merge "bench/results/$stem.csv"); fi
   log=${OUT:-bench/results}/${stem}_h${hidden}.log
   mkdir -p "$(dirname "$log")"
-  timeout $((left - 10)) torchrun --nproc-per-node 1 -m lamport_mhc bench --hidden "$hidden" --out bench/results \
+  timeout $((left - 10)) torchrun --nproc-per-node 1 -m lamport_mhc bench --hidden "$hidden" --out bench/results --replays 9 \
     --time-budget $((left - 70)) ${merge[@]+"${merge[@]}"} "$@" 2>&1 | tee "$log" || status=$?
   results=$(cd bench/results && ls "$stem"* 2>/dev/null || true)
   if [ -n "${OUT:-}" ] && [ -n "$results" ]; then

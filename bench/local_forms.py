@@ -6,8 +6,8 @@ not, against the strong tail's forms at the same rows, in one run; the data behi
         [--fused auto,wide,wide-hinted] [--strong looped,looped-streamed,wide-streamed]
         [--strong-allocates] [--no-pdl] [--cold] [--out forms.json]
 
-Each row prints every form's median us (50 calls a CUDA graph, 5 replays; a form the plan lacks is
-the form the call would take, listed once) and the fastest of each side. Exits 1 when two forms'
+Each row prints every form's median us (50 calls a CUDA graph, 5 replays, the row's graphs replayed
+in turns; a form the plan lacks is the form the call would take, listed once) and the fastest of each side. Exits 1 when two forms'
 outputs differ in a bit: every form gives the contract's bits. Two switches isolate what differs
 between the sides' graphs, each compared with a run without it:
 - ``--no-pdl`` launches both sides' kernels plainly: the graph's calls then run one after another,
@@ -38,7 +38,7 @@ from lamport_mhc.bench.local_forms import (  # noqa: E402
     FORMS, HC, TOP_K, ColdRows, FormForcer, force_label, kernel_launched, parse_fused, parse_strong, probe_op,
     row_inputs, row_parser)
 from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail  # noqa: E402
-from lamport_mhc.bench.timing import time_graph  # noqa: E402
+from lamport_mhc.bench.timing import GraphTimer  # noqa: E402
 
 CALLS, REPLAYS = 50, 5
 EVERY_FUSED_FORM = ",".join(["auto", *(form + hints for form in FORMS for hints in ("", "-hinted"))])
@@ -72,7 +72,7 @@ def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, devic
             return op.finalize(*finalize, *consumer), mxfp8
         return op(x, *consumer, mxfp8_out=mxfp8), mxfp8
 
-    hashes = set()
+    hashes, timer, samples = set(), GraphTimer(CALLS, REPLAYS), {}
     for label in fused_forms:
         force_label(forcer, label)
         (outputs, mxfp8), kernel = kernel_launched(kernels, fused)
@@ -80,7 +80,7 @@ def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, devic
         if label != "auto" and kernel in row["kernel"].values():
             continue  # the plan lacks the form: the call took one already timed
         row["kernel"][label] = kernel
-        row["fused"][label] = statistics.median(time_graph(fused, CALLS, REPLAYS))
+        samples[("fused", label)] = timer.add(fused)  # the graph keeps the form forced now
     forcer.reset()
     residual_out, layer_input = torch.empty_like(consumer[0]), torch.empty_like(x)
     contribution = torch.empty_like(x)
@@ -96,7 +96,10 @@ def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, devic
             outputs = new(residual_out), new(layer_input)
             tail(reduced, *consumer, *outputs, mxfp8)
             return outputs
-        row["strong"][strategy] = statistics.median(time_graph(unfused, CALLS, REPLAYS))
+        samples[("strong", strategy)] = timer.add(unfused)
+    timer.replay()
+    for (side, label), times in samples.items():
+        row[side][label] = statistics.median(times)
     row["same_bits"] = len(hashes) == 1
     return row
 

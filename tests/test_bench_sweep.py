@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu.harness import run_ranks  # noqa: E402
+from timer_stand_in import CallOnceTimer  # noqa: E402
 
 H = 256
 
@@ -19,16 +20,7 @@ def _sweep_body(rank, tp, out, variants, late=False):
     from lamport_mhc.bench import Ceilings, sweep as sweep_module
     from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail
 
-    calls = []
-
-    def one_call(fn, calls_per_graph, replays, after_capture=None):
-        fn()
-        if after_capture is not None:
-            after_capture()
-        calls.append(fn)
-        return [float(len(calls))] * replays  # later paths look slower: unfused-best takes the first
-
-    sweep_module.time_graph = one_call
+    sweep_module.GraphTimer = CallOnceTimer  # later paths look slower: unfused-best takes the first
     sweep_module.StrongTail = lambda *a, **k: StrongTail(*a, **k, interpret=True)
     sweep_module.StrongFinalize = lambda *a, **k: StrongFinalize(*a, **k, interpret=True)
 

@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu.harness import run_ranks  # noqa: E402
+from timer_stand_in import CallOnceTimer  # noqa: E402
 
 from lamport_mhc import reference  # noqa: E402
 from lamport_mhc.bench import PATHS, Ceilings, parse_args, write_results  # noqa: E402
@@ -260,11 +261,7 @@ def _sweep_body(rank, tp, out):
     from lamport_mhc.bench import sweep as sweep_module
     from lamport_mhc.bench.strong_tail import StrongFinalize
 
-    def one_call(fn, calls_per_graph, replays, after_capture=None):
-        fn()
-        return [1.0] * replays
-
-    sweep_module.time_graph = one_call
+    sweep_module.GraphTimer = CallOnceTimer
     sweep_module.StrongFinalize = lambda *a, **k: StrongFinalize(*a, **k, interpret=True)
     args = SimpleNamespace(paths=[TILEKERNELS_TAIL], hc=HC, rows=[1, 3], variants=["plain", "finalize", "quant"],
                            calls=50, replays=5, hidden=[256], merge=None, top_k=TOP_K, backends=["triton"],

@@ -19,7 +19,7 @@ from .names import ALLREDUCE_ALONE, FLASHINFER_FUSED, LAMPORT_FLOOR, STRONG_TAIL
 from .report import TAIL_BAR_FROM_M, TIME_BUDGET, skip_note, write_results
 from .strong_tail import STRATEGIES, StrongFinalize, StrongTail
 from .tilekernels_tail import NORM_FORMS, Agreement, TileKernels
-from .timing import time_graph
+from .timing import GraphTimer
 
 EPS = 1e-6
 
@@ -87,10 +87,15 @@ class Sweep:
             self.log("FAILED " + text)
             return None
 
-    def timed_peer(self, hidden, variant, m, path, fn, after_capture=None):
-        """Time a peer's path; a peer that fails is a skipped row, never an error."""
+    def timer(self) -> GraphTimer:
+        """The timer of one row's paths: their graphs replayed in turns (``GraphTimer``)."""
+        return GraphTimer(self.args.calls, self.args.replays)
+
+    def captured_peer(self, timer, hidden, variant, m, path, fn, after_capture=None):
+        """A peer's path captured into ``timer``: the list its samples go to, or None where it fails
+        (a skipped row, never an error)."""
         try:
-            return time_graph(fn, self.args.calls, self.args.replays, after_capture)
+            return timer.add(fn, after_capture)
         except Exception as error:  # noqa: BLE001 - reported as skipped
             self.skip(hidden, variant, path, f"{type(error).__name__}: {error}".splitlines()[0], m)
             return None
@@ -242,20 +247,21 @@ class Sweep:
                     break
                 allreduce_us = self._time_allreduces(hidden, m, peers)
                 for variant in self.args.variants:
-                    shape = _Shape(self, hidden, variant, m)
-                    self._fused_rows(shape, fused, ceilings)
-                    self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings, chosen,
-                                      kernels)
-                    self._torch_tail_rows(shape, peers)
-                    self._tilekernels_rows(shape, tilekernels, peers, allreduce_us, ceilings, tilekernels_runs)
-                    self._fusion_rows(shape, fusion, ceilings)
+                    # Every path of the row is captured first, then all are replayed in turns; each
+                    # path's rows are recorded from its samples after that (``then``).
+                    shape, timer, then = _Shape(self, hidden, variant, m), self.timer(), []
+                    then += self._fused_rows(shape, fused, ceilings, timer)
+                    then += self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings,
+                                              chosen, kernels, timer)
+                    then += self._torch_tail_rows(shape, peers, timer)
+                    then += self._tilekernels_rows(shape, tilekernels, peers, allreduce_us, ceilings,
+                                                   tilekernels_runs, timer)
+                    then += self._fusion_rows(shape, fusion, ceilings, timer)
                     if variant == "plain" and floor is not None and m <= FLOOR_MAX_ROWS:
-                        out = torch.empty_like(shape.x)
-                        samples = self.guarded(hidden, f"{LAMPORT_FLOOR} H={hidden} M={m}", lambda: time_graph(
-                            lambda: floor(shape.x, out), self.args.calls, self.args.replays))
-                        if samples:
-                            self.record(hidden, variant, m, LAMPORT_FLOOR, samples,
-                                        floor_us("ll", variant, self.tp, m, hidden, ceilings, self.hc))
+                        then += self._floor_row(shape, floor, ceilings, timer)
+                    timer.replay()
+                    for record in then:
+                        record()
         finally:
             for peer in list(peers.values()) + list(fusion.values()):
                 error = attempt(peer.close)
@@ -265,22 +271,28 @@ class Sweep:
         self._tilekernels_notes(hidden, tilekernels_runs, peers)
 
     def _time_allreduces(self, hidden: int, m: int, peers: dict) -> dict[str, float]:
-        """Each all-reduce alone at M rows (recorded under plain); their medians for unfused-best."""
+        """Each all-reduce alone at M rows, replayed in turns (recorded under plain); their medians
+        for unfused-best."""
         x = torch.randn((m, hidden), device=self.device).to(torch.bfloat16)
-        times = {}
+        timer, captured = self.timer(), {}
         for path, peer in peers.items():
             reason = peer.skip_reason(m)
             if reason is not None:
                 self.skip(hidden, "plain", path, reason, m)
                 continue
-            samples = self.timed_peer(hidden, "plain", m, path, lambda p=peer: p(x), peer.after_capture)
-            if samples:
-                times[path] = statistics.median(samples)
-                if self.wanted(path) and "plain" in self.args.variants:
-                    self.record(hidden, "plain", m, path, samples)
+            samples = self.captured_peer(timer, hidden, "plain", m, path, lambda p=peer: p(x), peer.after_capture)
+            if samples is not None:
+                captured[path] = samples
+        timer.replay()
+        times = {}
+        for path, samples in captured.items():
+            times[path] = statistics.median(samples)
+            if self.wanted(path) and "plain" in self.args.variants:
+                self.record(hidden, "plain", m, path, samples)
         return times
 
-    def _fused_rows(self, shape, fused: dict, ceilings: Ceilings) -> None:
+    def _fused_rows(self, shape, fused: dict, ceilings: Ceilings, timer: GraphTimer) -> list:
+        then = []
         for path, op in fused.items():
             if shape.variant == "finalize":
                 call = (lambda op=op: op.finalize(*shape.finalize_inputs, *shape.consumer))
@@ -288,15 +300,18 @@ class Sweep:
                 call = (lambda op=op: op(shape.x, *shape.consumer, mxfp8_out=shape.mxfp8))
             protocol = op.protocol(shape.m, shape.variant == "finalize")
             samples = self.guarded(shape.hidden, f"{path} {shape.variant} H={shape.hidden} M={shape.m}",
-                                   lambda c=call: time_graph(c, self.args.calls, self.args.replays))
-            if samples:  # auto on the unfused torch path ("gather") has no fused floor
-                self.record(shape.hidden, shape.variant, shape.m, path, samples,
-                            shape.floor(protocol, ceilings) if protocol in FLOOR_PROTOCOLS else None)
+                                   lambda c=call: timer.add(c))
+            if samples is not None:  # auto on the unfused torch path ("gather") has no fused floor
+                floor = shape.floor(protocol, ceilings) if protocol in FLOOR_PROTOCOLS else None
+                then.append(lambda p=path, s=samples, f=floor: self.record(shape.hidden, shape.variant, shape.m,
+                                                                           p, s, f))
+        return then
 
-    def _strong_rows(self, shape, tails: dict, finalize: StrongFinalize, peers: dict,
-                     allreduce_us: dict, ceilings: Ceilings, chosen: dict, kernels: dict) -> None:
+    def _strong_rows(self, shape, tails: dict, finalize: StrongFinalize, peers: dict, allreduce_us: dict,
+                     ceilings: Ceilings, chosen: dict, kernels: dict, timer: GraphTimer) -> list:
         """strong-tail (the local kernels alone, in whichever of the tail's forms is faster at this M, as
-        an engine picks by M) and unfused-best (the fastest all-reduce between them)."""
+        an engine picks by M) and unfused-best (the fastest all-reduce between them; at tp > 1 captured
+        after each form, the chosen form's recorded)."""
         residual_out = torch.empty_like(shape.inputs["residual"])
         layer_input = torch.empty_like(shape.x)
         contribution = torch.empty_like(shape.x)
@@ -311,40 +326,44 @@ class Sweep:
 
         hidden, variant, m = shape.hidden, shape.variant, shape.m
         if not (self.wanted(STRONG_TAIL) or self.wanted("unfused-best")):
-            return
-        timings = {}
+            return []
+        best = None  # the all-reduce of unfused-best at tp > 1
+        if self.wanted("unfused-best") and self.tp > 1:
+            if allreduce_us:
+                best = min(allreduce_us, key=allreduce_us.get)
+            else:
+                self.skip(hidden, variant, "unfused-best", "no all-reduce ran at this M", m)
+        timings, chained = {}, {}
         for strategy, tail in tails.items():
             samples = self.guarded(hidden, f"{STRONG_TAIL} ({strategy}) {variant} H={hidden} M={m}",
-                                   lambda t=tail: time_graph(lambda: tail_of(local(), t), self.args.calls,
-                                                             self.args.replays))
-            if samples:
-                timings[strategy] = samples
-        if not timings:
-            return
-        form = min(timings, key=lambda k: statistics.median(timings[k]))
-        kernels[(variant, m)], tail_samples = form, timings[form]
-        if tail_samples and self.wanted(STRONG_TAIL):
-            nbytes = tail_bytes(variant, m, hidden, self.hc, shape.held_routes, self.args.top_k)
-            self.record(hidden, variant, m, STRONG_TAIL, tail_samples, nbytes / (ceilings.hbm_gbps * 1e3))
-        if not self.wanted("unfused-best"):
-            return
-        if self.tp == 1:  # a group of one needs no all-reduce: the strong kernels are the whole unfused op
-            chosen[m] = "none"
-            if tail_samples:
-                self.record(hidden, variant, m, "unfused-best", tail_samples)
-            return
-        if not allreduce_us:
-            self.skip(hidden, variant, "unfused-best", "no all-reduce ran at this M", m)
-            return
-        best = min(allreduce_us, key=allreduce_us.get)
-        chosen[m] = best
-        peer = peers[best]
-        samples = self.timed_peer(hidden, variant, m, "unfused-best",
-                                  lambda: tail_of(peer(local()), tails[form]), peer.after_capture)
-        if samples:
-            self.record(hidden, variant, m, "unfused-best", samples)
+                                   lambda t=tail: timer.add(lambda: tail_of(local(), t)))
+            if samples is None:
+                continue
+            timings[strategy] = samples
+            if best is not None:
+                chained[strategy] = self.captured_peer(timer, hidden, variant, m, "unfused-best",
+                                                       lambda t=tail: tail_of(peers[best](local()), t),
+                                                       peers[best].after_capture)
 
-    def _torch_tail_rows(self, shape, peers: dict) -> None:
+        def record():
+            if not timings:
+                return
+            form = min(timings, key=lambda k: statistics.median(timings[k]))
+            kernels[(variant, m)], tail_samples = form, timings[form]
+            if self.wanted(STRONG_TAIL):
+                nbytes = tail_bytes(variant, m, hidden, self.hc, shape.held_routes, self.args.top_k)
+                self.record(hidden, variant, m, STRONG_TAIL, tail_samples, nbytes / (ceilings.hbm_gbps * 1e3))
+            if not self.wanted("unfused-best"):
+                return
+            if self.tp == 1:  # a group of one needs no all-reduce: the strong kernels are the whole unfused op
+                chosen[m] = "none"
+                self.record(hidden, variant, m, "unfused-best", tail_samples)
+            elif chained.get(form):
+                chosen[m] = best
+                self.record(hidden, variant, m, "unfused-best", chained[form])
+        return [record]
+
+    def _torch_tail_rows(self, shape, peers: dict, timer: GraphTimer) -> list:
         """The unfused paths of earlier results: NCCL or one-shot, then the tail in compiled torch ops."""
         def contribution():
             if shape.variant == "finalize":
@@ -356,6 +375,7 @@ class Sweep:
             if shape.variant == "quant":
                 self.torch_quantize(layer_input)
 
+        then = []
         for path, peer_name in (("unfused-nccl", "nccl_all_reduce"), ("unfused-one-shot", "one_shot_all_reduce")):
             if not self.wanted(path):
                 continue
@@ -363,23 +383,25 @@ class Sweep:
             if peer is None:
                 self.skip(shape.hidden, shape.variant, path, f"{peer_name} cannot run here")
                 continue
-            samples = self.timed_peer(shape.hidden, shape.variant, shape.m, path,
-                                      lambda p=peer: tail(p(contribution())), peer.after_capture)
-            if samples:
-                self.record(shape.hidden, shape.variant, shape.m, path, samples)
+            samples = self.captured_peer(timer, shape.hidden, shape.variant, shape.m, path,
+                                         lambda p=peer: tail(p(contribution())), peer.after_capture)
+            if samples is not None:
+                then.append(lambda p=path, s=samples: self.record(shape.hidden, shape.variant, shape.m, p, s))
+        return then
 
-    def _tilekernels_rows(self, shape, tail, peers: dict, allreduce_us: dict, ceilings: Ceilings, runs: dict) -> None:
+    def _tilekernels_rows(self, shape, tail, peers: dict, allreduce_us: dict, ceilings: Ceilings, runs: dict,
+                          timer: GraphTimer) -> list:
         """tilekernels-tail: its kernels after the fastest all-reduce (tp > 1, as unfused-best), the
         norm in whichever form is faster at this M; one call checked against the reference first, the
         verdict the same on every rank (a call that disagrees is skipped, not timed)."""
         if tail is None:
-            return
+            return []
         hidden, variant, m = shape.hidden, shape.variant, shape.m
         peer = None
         if self.tp > 1:
             if not allreduce_us:
                 self.skip(hidden, variant, TILEKERNELS_TAIL, "no all-reduce ran at this M", m)
-                return
+                return []
             runs["allreduces"][m] = min(allreduce_us, key=allreduce_us.get)
             peer = peers[runs["allreduces"][m]]
         holder: dict = {}
@@ -401,34 +423,37 @@ class Sweep:
         problem = agree(self.coll, problem)
         if problem is not None:
             self.skip(hidden, variant, TILEKERNELS_TAIL, problem, m)
-            return
+            return []
         runs["agreement"].append(holder["agreement"])
         timings, failures = {}, []
         for form in NORM_FORMS:
             try:
-                timings[form] = time_graph(lambda f=form: run(f), self.args.calls, self.args.replays,
-                                           None if peer is None else peer.after_capture)
+                timings[form] = timer.add(lambda f=form: run(f), None if peer is None else peer.after_capture)
             except Exception as error:  # noqa: BLE001 - a form that fails is noted; all failing, skipped
                 failures.append(f"{form} form: {type(error).__name__}: {error}".splitlines()[0])
         if not timings:
             self.skip(hidden, variant, TILEKERNELS_TAIL, failures[0], m)
-            return
+            return []
         for failure in failures:
             self.note(hidden, f"{TILEKERNELS_TAIL} {variant} H={hidden} M={m}: {failure}")
-        form = min(timings, key=lambda f: statistics.median(timings[f]))
-        runs["forms"][(variant, m)] = form
-        floor = None
-        if self.tp == 1:  # the whole op is the tail: the strong tail's floor, its bytes at the device copy
-            nbytes = tail_bytes(variant, m, hidden, self.hc, shape.held_routes, self.args.top_k)
-            floor = nbytes / (ceilings.hbm_gbps * 1e3)
-        self.record(hidden, variant, m, TILEKERNELS_TAIL, timings[form], floor)
 
-    def _fusion_rows(self, shape, fusion: dict, ceilings: Ceilings) -> None:
+        def record():
+            form = min(timings, key=lambda f: statistics.median(timings[f]))
+            runs["forms"][(variant, m)] = form
+            floor = None
+            if self.tp == 1:  # the whole op is the tail: the strong tail's floor, its bytes at the device copy
+                nbytes = tail_bytes(variant, m, hidden, self.hc, shape.held_routes, self.args.top_k)
+                floor = nbytes / (ceilings.hbm_gbps * 1e3)
+            self.record(hidden, variant, m, TILEKERNELS_TAIL, timings[form], floor)
+        return [record]
+
+    def _fusion_rows(self, shape, fusion: dict, ceilings: Ceilings, timer: GraphTimer) -> list:
         if not fusion:
-            return
+            return []
         residual_in = shape.inputs["residual"].view(shape.m, shape.hidden)  # hc = 1
         gamma = shape.inputs["norm_weight"]
         residual_out, norm_out = torch.empty_like(residual_in), torch.empty_like(residual_in)
+        then = []
         for path, peer in fusion.items():
             reason = peer.skip_reason(shape.variant, shape.m)
             if reason is not None:
@@ -442,10 +467,23 @@ class Sweep:
                                                   residual_out, norm_out))
             else:
                 call = (lambda p=peer: p.plain(shape.x, residual_in, gamma, EPS, residual_out, norm_out))
-            samples = self.timed_peer(shape.hidden, shape.variant, shape.m, path, call, peer.after_capture)
-            if samples:
-                self.record(shape.hidden, shape.variant, shape.m, path, samples,
-                            shape.floor("ll" if path.endswith("oneshot") else "bt", ceilings))
+            samples = self.captured_peer(timer, shape.hidden, shape.variant, shape.m, path, call, peer.after_capture)
+            if samples is not None:
+                floor = shape.floor("ll" if path.endswith("oneshot") else "bt", ceilings)
+                then.append(lambda p=path, s=samples, f=floor: self.record(shape.hidden, shape.variant, shape.m,
+                                                                           p, s, f))
+        return then
+
+    def _floor_row(self, shape, floor: LamportFloor, ceilings: Ceilings, timer: GraphTimer) -> list:
+        """The Lamport all-reduce floor kernel at this M (plain)."""
+        out = torch.empty_like(shape.x)
+        hidden, m = shape.hidden, shape.m
+        samples = self.guarded(hidden, f"{LAMPORT_FLOOR} H={hidden} M={m}",
+                               lambda: timer.add(lambda: floor(shape.x, out)))
+        if samples is None:
+            return []
+        bound = floor_us("ll", "plain", self.tp, m, hidden, ceilings, self.hc)
+        return [lambda: self.record(hidden, "plain", m, LAMPORT_FLOOR, samples, bound)]
 
     # -- notes -----------------------------------------------------------------------------------
     def _summary_notes(self, hidden: int, ceilings: Ceilings, chosen: dict, kernels: dict) -> None:
