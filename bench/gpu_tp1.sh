@@ -44,8 +44,8 @@ for hidden in "${hiddens[@]}"; do
   if [ -f "bench/results/$stem.csv" ]; then merge=(--merge "bench/results/$stem.csv"); fi
   log=${OUT:-bench/results}/${stem}_h${hidden}.log
   mkdir -p "$(dirname "$log")"
-  timeout $((left - 10)) torchrun --nproc-per-node 1 -m lamport_mhc bench --hidden "$hidden" --out bench/results --replays 9 \
-    --time-budget $((left - 70)) ${merge[@]+"${merge[@]}"} "$@" 2>&1 | tee "$log" || status=$?
+  timeout $((left - 10)) torchrun --nproc-per-node 1 -m lamport_mhc bench --hidden "$hidden" --out bench/results \
+    --replays 9 --time-budget $((left - 70)) ${merge[@]+"${merge[@]}"} "$@" 2>&1 | tee "$log" || status=$?
   results=$(cd bench/results && ls "$stem"* 2>/dev/null || true)
   if [ -n "${OUT:-}" ] && [ -n "$results" ]; then
     # shellcheck disable=SC2086

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from timer_stand_in import StandInTimer
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "profile_forms.py"
 PROBE = SCRIPT.parent / "local_forms.py"
@@ -76,17 +77,8 @@ def test_a_cold_row_gives_every_call_of_both_sides_its_own_copy_of_the_inputs(mo
             seen["outputs"].append(args[6])  # residual_out, after the consumer's six; kept alive
 
     monkeypatch.setattr(local_forms, "StrongTail", Tail)
-    class FourCalls:  # the graph timer's stand-in: a path's four calls when it is added
-        def __init__(self, calls, replays):
-            pass
-
-        def add(self, fn):
-            return [fn() and 1.0 for _ in range(4)]
-
-        def replay(self):
-            pass
-
-    monkeypatch.setattr(local_forms, "GraphTimer", FourCalls)
+    # The graph timer's stand-in: a path's four calls when it is added.
+    monkeypatch.setattr(local_forms, "GraphTimer", lambda calls, replays: StandInTimer(calls, replays, 4))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"L2_cache_size": 1})())
     row = local_forms.measure_row(op, FormForcer(kernels), 256, "quant", 3, ["auto"], ["looped"],
                                   torch.device("cpu"), cold=True)

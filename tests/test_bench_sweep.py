@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu.harness import run_ranks  # noqa: E402
-from timer_stand_in import CallOnceTimer  # noqa: E402
+from timer_stand_in import StandInTimer  # noqa: E402
 
 H = 256
 
@@ -20,7 +20,7 @@ def _sweep_body(rank, tp, out, variants, late=False):
     from lamport_mhc.bench import Ceilings, sweep as sweep_module
     from lamport_mhc.bench.strong_tail import StrongFinalize, StrongTail
 
-    sweep_module.GraphTimer = CallOnceTimer  # later paths look slower: unfused-best takes the first
+    sweep_module.GraphTimer = StandInTimer  # later paths look slower: unfused-best takes the first
     sweep_module.StrongTail = lambda *a, **k: StrongTail(*a, **k, interpret=True)
     sweep_module.StrongFinalize = lambda *a, **k: StrongFinalize(*a, **k, interpret=True)
 

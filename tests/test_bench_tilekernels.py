@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu.harness import run_ranks  # noqa: E402
-from timer_stand_in import CallOnceTimer  # noqa: E402
+from timer_stand_in import StandInTimer  # noqa: E402
 
 from lamport_mhc import reference  # noqa: E402
 from lamport_mhc.bench import PATHS, Ceilings, parse_args, write_results  # noqa: E402
@@ -261,7 +261,7 @@ def _sweep_body(rank, tp, out):
     from lamport_mhc.bench import sweep as sweep_module
     from lamport_mhc.bench.strong_tail import StrongFinalize
 
-    sweep_module.GraphTimer = CallOnceTimer
+    sweep_module.GraphTimer = StandInTimer
     sweep_module.StrongFinalize = lambda *a, **k: StrongFinalize(*a, **k, interpret=True)
     args = SimpleNamespace(paths=[TILEKERNELS_TAIL], hc=HC, rows=[1, 3], variants=["plain", "finalize", "quant"],
                            calls=50, replays=5, hidden=[256], merge=None, top_k=TOP_K, backends=["triton"],

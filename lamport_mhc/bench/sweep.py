@@ -65,6 +65,10 @@ class Sweep:
         self.log(f"tp={self.tp} hc={self.hc} H={hidden} {variant:8s} M={m:5d} {path:26s} {median:9.1f} us"
                  + ("" if floor is None else f"  ({median / floor:5.2f}x floor)"))
 
+    def recorder(self, shape, path, samples, floor=None):
+        """What records ``path``'s row of ``shape`` once the row's replays have filled ``samples``."""
+        return lambda: self.record(shape.hidden, shape.variant, shape.m, path, samples, floor)
+
     def note(self, hidden: int, text: str) -> None:
         self.notes.append({"hidden": hidden, "text": text})
 
@@ -303,8 +307,7 @@ class Sweep:
                                    lambda c=call: timer.add(c))
             if samples is not None:  # auto on the unfused torch path ("gather") has no fused floor
                 floor = shape.floor(protocol, ceilings) if protocol in FLOOR_PROTOCOLS else None
-                then.append(lambda p=path, s=samples, f=floor: self.record(shape.hidden, shape.variant, shape.m,
-                                                                           p, s, f))
+                then.append(self.recorder(shape, path, samples, floor))
         return then
 
     def _strong_rows(self, shape, tails: dict, finalize: StrongFinalize, peers: dict, allreduce_us: dict,
@@ -386,7 +389,7 @@ class Sweep:
             samples = self.captured_peer(timer, shape.hidden, shape.variant, shape.m, path,
                                          lambda p=peer: tail(p(contribution())), peer.after_capture)
             if samples is not None:
-                then.append(lambda p=path, s=samples: self.record(shape.hidden, shape.variant, shape.m, p, s))
+                then.append(self.recorder(shape, path, samples))
         return then
 
     def _tilekernels_rows(self, shape, tail, peers: dict, allreduce_us: dict, ceilings: Ceilings, runs: dict,
@@ -470,20 +473,18 @@ class Sweep:
             samples = self.captured_peer(timer, shape.hidden, shape.variant, shape.m, path, call, peer.after_capture)
             if samples is not None:
                 floor = shape.floor("ll" if path.endswith("oneshot") else "bt", ceilings)
-                then.append(lambda p=path, s=samples, f=floor: self.record(shape.hidden, shape.variant, shape.m,
-                                                                           p, s, f))
+                then.append(self.recorder(shape, path, samples, floor))
         return then
 
     def _floor_row(self, shape, floor: LamportFloor, ceilings: Ceilings, timer: GraphTimer) -> list:
         """The Lamport all-reduce floor kernel at this M (plain)."""
         out = torch.empty_like(shape.x)
-        hidden, m = shape.hidden, shape.m
-        samples = self.guarded(hidden, f"{LAMPORT_FLOOR} H={hidden} M={m}",
+        samples = self.guarded(shape.hidden, f"{LAMPORT_FLOOR} H={shape.hidden} M={shape.m}",
                                lambda: timer.add(lambda: floor(shape.x, out)))
         if samples is None:
             return []
-        bound = floor_us("ll", "plain", self.tp, m, hidden, ceilings, self.hc)
-        return [lambda: self.record(hidden, "plain", m, LAMPORT_FLOOR, samples, bound)]
+        bound = floor_us("ll", "plain", self.tp, shape.m, shape.hidden, ceilings, self.hc)
+        return [self.recorder(shape, LAMPORT_FLOOR, samples, bound)]
 
     # -- notes -----------------------------------------------------------------------------------
     def _summary_notes(self, hidden: int, ceilings: Ceilings, chosen: dict, kernels: dict) -> None:
