@@ -14,7 +14,10 @@ class GraphTimer:
 
     def __init__(self, calls: int, replays: int):
         self.calls, self.replays = calls, replays
-        self._graphs: list = []  # (graph, samples)
+        # (graph, samples, fn): a graph reads and writes the tensors its calls captured, which only
+        # ``fn``'s closure may hold (a path's output buffers); ``fn`` lives as long as its graph, or
+        # the next capture's ``empty_cache`` could hand those buffers back to the driver.
+        self._graphs: list = []
 
     def add(self, fn, after_capture=None) -> list[float]:
         """Capture ``calls`` calls of ``fn`` (after three outside the graph, which build and load
@@ -37,11 +40,12 @@ class GraphTimer:
         if after_capture is not None:
             after_capture()
         samples: list[float] = []
-        self._graphs.append((graph, samples))
+        self._graphs.append((graph, samples, fn))
         return samples
 
     def replay(self) -> None:
-        """Replay every graph captured since the last ``replay``, in turns, then free them."""
+        """Replay every graph captured since the last ``replay``, in turns, then free them (and
+        what their calls held)."""
         import torch
         import torch.distributed as dist
 
@@ -50,7 +54,7 @@ class GraphTimer:
         grouped = dist.is_available() and dist.is_initialized()
         events = [[] for _ in self._graphs]
         for turn in range(self.replays + 1):
-            for (graph, _), spans in zip(self._graphs, events):
+            for (graph, _, _), spans in zip(self._graphs, events):
                 if grouped:  # every rank's replay starts together
                     dist.barrier()
                 torch.cuda.synchronize()
@@ -64,7 +68,7 @@ class GraphTimer:
         us = torch.tensor(events, dtype=torch.float64, device="cuda")
         if grouped:
             dist.all_reduce(us, op=dist.ReduceOp.MAX)
-        for (_, samples), row in zip(self._graphs, us.tolist()):
+        for (_, samples, _), row in zip(self._graphs, us.tolist()):
             samples.extend(row)
         self._graphs.clear()
 

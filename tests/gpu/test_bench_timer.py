@@ -1,5 +1,8 @@
 """The benchmark's graph timer on a GPU: a row's graphs are replayed in turns, each once a turn after
-an untimed first turn, and each graph's samples are its own."""
+an untimed first turn, each graph's samples are its own, and what a graph's calls hold lives until
+the graph is freed."""
+
+import weakref
 
 import torch
 
@@ -24,3 +27,23 @@ def test_graph_timer_replays_every_graph_in_turns():
     timer.replay()  # the graphs were freed: nothing more is timed
     assert len(short) == replays
     assert len(time_graph(lambda: counter.add_(1), calls, replays)) == replays
+
+
+def test_graph_timer_keeps_what_a_graph_writes_until_it_is_freed():
+    """A path's buffers may be held by its callable alone (the sweep's strong tail writes into
+    buffers made for the row): they must outlive the next capture, whose ``empty_cache`` would give
+    a dead closure's memory back to the driver, until the replay."""
+    require_gpus(1)
+    timer = GraphTimer(2, 1)
+    out = torch.zeros(1 << 22, device="cuda")  # 16 MiB: a segment of its own
+    held = weakref.ref(out)
+    samples = timer.add(lambda out=out: out.add_(1))
+    del out
+    other = torch.zeros(1, device="cuda")
+    timer.add(lambda: other.add_(1))  # its capture empties the allocator's cache
+    assert held() is not None, "a captured graph's buffer died before its replay"
+    kept = held()
+    timer.replay()
+    assert len(samples) == 1 and kept[0].item() == 3 + 2 * 2  # warm-up calls, then the untimed and timed turns
+    del kept
+    assert held() is None, "the timer held a graph's buffer past its replay"
