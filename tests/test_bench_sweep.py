@@ -66,7 +66,8 @@ def test_sweep_on_one_rank(tmp_path):
     assert skipped["lamport-ar-floor"] == "a group of one has no all-reduce to bound"
     assert "symmetric memory is unavailable" in skipped["one_shot_all_reduce"]
     csv_text = (tmp_path / "cpu_tp1.csv").read_text()
-    assert csv_text.startswith("tp,hc,hidden,variant,m,path,") and ",speedup_vs_best\n" in csv_text.splitlines()[0] + "\n"
+    header = csv_text.splitlines()[0]
+    assert header.startswith("tp,hc,hidden,variant,m,path,") and header.endswith(",speedup_vs_best")
     strong = [line for line in csv_text.splitlines() if ",strong-tail," in line]
     assert len(strong) == 6 and all(line.split(",")[8] for line in strong)  # every strong-tail row has a floor
 
@@ -81,3 +82,41 @@ def test_sweep_on_two_ranks(tmp_path):
     skipped = {n["skipped"]["path"]: n["skipped"]["reason"] for n in notes if "skipped" in n}
     assert "flashinfer stand-in: not installed" in skipped["vllm_custom_all_reduce"]
     assert "unfused-one-shot" in skipped and "two_shot_all_reduce" in skipped
+
+
+def _failing_sweep_body(rank, tp, out):
+    import torch
+
+    from lamport_mhc.bench import Ceilings, sweep as sweep_module
+    from lamport_mhc.bench.strong_tail import StrongTail
+
+    sweep_module.GraphTimer = StandInTimer
+    sweep_module.StrongTail = lambda *a, **k: StrongTail(*a, **k, interpret=True)
+
+    class FaultAtThreeRows(sweep_module._Shape):  # as a GPU fault in the row of 3 would stop the run
+        def __init__(self, sweep, hidden, variant, m):
+            if m == 3:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered\n(the stack)")
+            super().__init__(sweep, hidden, variant, m)
+
+    sweep_module._Shape = FaultAtThreeRows
+    args = SimpleNamespace(paths=["strong-tail"], hc=4, rows=[1, 3], variants=["plain"], calls=50, replays=5,
+                           hidden=[H], merge=None, top_k=2, backends=["triton"], compile_tail=False)
+    import torch.distributed as dist
+
+    sweep = sweep_module.Sweep(args, dist.group.WORLD, torch.device("cpu"))
+    try:
+        sweep.measure(H, Ceilings(None, 1000.0), Path(out), "cpu")
+    except RuntimeError as error:
+        return str(error).splitlines()[0]
+    return None
+
+
+def test_a_failing_sweep_keeps_what_it_measured(tmp_path):
+    error, = run_ranks(_failing_sweep_body, 1, args=(str(tmp_path),), backend="gloo", timeout_s=300)
+    assert error == "CUDA error: an illegal memory access was encountered"  # raised on, after the write
+    rows = [line.split(",") for line in (tmp_path / "cpu_tp1.csv").read_text().splitlines()[1:]]
+    assert [(row[4], row[5]) for row in rows] == [("1", "strong-tail")]
+    notes = [n["text"] for n in json.loads((tmp_path / "cpu_tp1_notes.json").read_text())]
+    assert (f"failed H={H}: RuntimeError: CUDA error: an illegal memory access was encountered; the rows measured "
+            "before it are kept") in notes

@@ -79,8 +79,7 @@ def main(argv=None) -> int:
     peer = "none (a group of one)" if ceilings.peer_gbps is None else f"{ceilings.peer_gbps:.0f} GB/s"
     sweep.log(f"ceilings: peer {peer}, device copy {ceilings.hbm_gbps:.0f} GB/s")
     gpu = gpu_slug(torch.cuda.get_device_name(device))
-    for hidden in args.hidden:
-        sweep.run_hidden(hidden, ceilings)
-        sweep.finish(Path(args.out), gpu, ceilings)  # after every hidden size: a run cut short keeps its results
+    for hidden in args.hidden:  # written after every hidden size: a run cut short or failing keeps its results
+        sweep.measure(hidden, ceilings, Path(args.out), gpu)
     dist.destroy_process_group()
     return 0

@@ -176,7 +176,8 @@ class StrongTail:
         strategy = self.form + ("-streamed" if self.streamed else "")
         types = dict(reduced_ptr="*bf16", residual_ptr="*bf16", post_ptr="*fp32", comb_ptr="*fp32", pre_ptr="*fp32",
                      weight_ptr="*bf16", residual_out_ptr="*bf16", layer_ptr="*bf16", partial_ptr="*fp32",
-                     values_ptr="*fp8e4nv" if self.quantize else "*bf16", scales_ptr="*u8" if self.quantize else "*bf16",
+                     values_ptr="*fp8e4nv" if self.quantize else "*bf16",
+                     scales_ptr="*u8" if self.quantize else "*bf16",
                      m="i32", eps="fp32")
         launches = self.kernels()
         ptx = {}

@@ -528,6 +528,20 @@ class Sweep:
                 runs.append([m, m, choices[m]])
         return ", ".join(f"{name} at M={a}" + (f"-{b}" if b != a else "") for a, b, name in runs)
 
+    def measure(self, hidden: int, ceilings: Ceilings, out: Path, gpu: str) -> None:
+        """``run_hidden``, then the results written (``finish``), also when it fails: the rows
+        measured before the failure are kept (a GPU fault is sticky, the host's rows are not), and a
+        note says where it stopped."""
+        try:
+            self.run_hidden(hidden, ceilings)
+        except Exception as error:
+            first_line = (str(error).splitlines() or [""])[0]
+            self.note(hidden, f"failed H={hidden}: {type(error).__name__}: {first_line}; the rows measured "
+                              f"before it are kept")
+            raise
+        finally:
+            self.finish(out, gpu, ceilings)
+
     def finish(self, out: Path, gpu: str, ceilings: Ceilings) -> None:
         skipped = [skip_note(hidden, self.hc, variant, path, reason, sorted(ms))
                    for (hidden, variant, path, reason), ms in self.skips.items()]
