@@ -7,9 +7,10 @@ not, against the strong tail's forms at the same rows, in one run; the data behi
         [--strong-allocates] [--no-pdl] [--cold] [--out forms.json]
 
 Each row prints every form's median us (50 calls a CUDA graph, 5 replays, the row's graphs replayed
-in turns; a form the plan lacks is the form the call would take, listed once) and the fastest of
-each side. Exits 1 when two forms' outputs differ in a bit: every form gives the contract's bits.
-Two switches isolate what differs between the sides' graphs, each compared with a run without it:
+in turns, each after an untimed replay of its own; a form the plan lacks is the form the call would
+take, listed once) and the fastest of each side. Exits 1 when two forms' outputs differ in a bit:
+every form gives the contract's bits. Two switches isolate what differs between the sides' graphs,
+each compared with a run without it:
 - ``--no-pdl`` launches both sides' kernels plainly: the graph's calls then run one after another,
   none overlapping the call before (what the overlap gives each side);
 - ``--strong-allocates`` has every call of the strong tail allocate its outputs, from the graph's

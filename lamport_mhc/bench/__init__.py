@@ -5,7 +5,9 @@ Run one process per GPU: ``torchrun --nproc-per-node N -m lamport_mhc bench`` (o
 graph; a replay's time / calls is one sample, the max over ranks of each replay is taken, and the
 median (min, max) over ``--replays`` is reported. The paths of one (hidden, variant, M) are captured
 first and then replayed in turns, every graph once a turn (``timing.GraphTimer``): what drifts over
-the row's seconds (clocks, temperature) falls on every path alike. In the same run:
+the row's seconds (clocks, temperature) falls on every path alike. Each timed replay follows an
+untimed one of the same graph, so every path finds the L2 as its own calls leave it, not as the
+path before it did. In the same run:
 
 - the fused paths: ``auto`` and, per ``--backends``, LL and BT forced (``<backend>-ll``,
   ``<backend>-bt``); on one GPU the one protocol there is, ``<backend>-local``;

@@ -1,6 +1,6 @@
-"""The benchmark's graph timer on a GPU: a row's graphs are replayed in turns, each once a turn after
-an untimed first turn, each graph's samples are its own, and what a graph's calls hold lives until
-the graph is freed."""
+"""The benchmark's graph timer on a GPU: a row's graphs are replayed in turns, each timed replay after
+an untimed one of the same graph, each graph's samples are its own, and what a graph's calls hold
+lives until the graph is freed."""
 
 import weakref
 
@@ -22,8 +22,8 @@ def test_graph_timer_replays_every_graph_in_turns():
     timer.replay()
     assert len(short) == len(long) == replays
     assert min(long) > 10 * max(short)
-    # Three calls outside the graph, then calls per replay over the untimed turn and the timed ones.
-    assert counter.item() == 3 + calls * (replays + 1)
+    # Three calls outside the graph, then calls per replay over each turn's untimed and timed replays.
+    assert counter.item() == 3 + calls * 2 * replays
     timer.replay()  # the graphs were freed: nothing more is timed
     assert len(short) == replays
     assert len(time_graph(lambda: counter.add_(1), calls, replays)) == replays
@@ -44,6 +44,6 @@ def test_graph_timer_keeps_what_a_graph_writes_until_it_is_freed():
     assert held() is not None, "a captured graph's buffer died before its replay"
     kept = held()
     timer.replay()
-    assert len(samples) == 1 and kept[0].item() == 3 + 2 * 2  # warm-up calls, then the untimed and timed turns
+    assert len(samples) == 1 and kept[0].item() == 3 + 2 * 2  # warm-up calls, then the untimed and timed replays
     del kept
     assert held() is None, "the timer held a graph's buffer past its replay"
