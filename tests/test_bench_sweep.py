@@ -33,6 +33,12 @@ def _sweep_body(rank, tp, out, variants, late=False):
 
     sweep = sweep_module.Sweep(args, dist.group.WORLD, torch.device("cpu"))
     sweep.flashinfer.api_factory = no_flashinfer
+    given = []  # (rows method, the timer it captured into), every timer kept alive so ids stay apart
+    for name in ("_fused_rows", "_strong_rows", "_torch_tail_rows"):
+        def spy(*method_args, _method=getattr(sweep, name), _name=name):
+            given.append((_name, method_args[-1]))
+            return _method(*method_args)
+        setattr(sweep, name, spy)
     ceilings = Ceilings(None if tp == 1 else 100.0, 1000.0)
     sweep.run_hidden(H, ceilings)
     if late:  # the time budget runs out: the next hidden size stops before its first M, the one after is skipped
@@ -40,6 +46,11 @@ def _sweep_body(rank, tp, out, variants, late=False):
         sweep.run_hidden(2 * H, ceilings)
         sweep.run_hidden(4 * H, ceilings)
     sweep.finish(Path(out), "cpu", ceilings)
+    # The compiled torch tails are replayed in turns of their own, never among the others' (timing's
+    # docstring), and every timer was replayed.
+    torch_timers = {id(timer) for name, timer in given if name == "_torch_tail_rows"}
+    assert torch_timers and not torch_timers & {id(timer) for name, timer in given if name != "_torch_tail_rows"}
+    assert all(not timer.pending for _, timer in given)
     return sorted({(r["variant"], r["path"]) for r in sweep.rows})
 
 

@@ -7,7 +7,8 @@ median (min, max) over ``--replays`` is reported. The paths of one (hidden, vari
 first and then replayed in turns, every graph once a turn (``timing.GraphTimer``): what drifts over
 the row's seconds (clocks, temperature) falls on every path alike. Each timed replay follows an
 untimed one of the same graph, so every path finds the L2 as its own calls leave it, not as the
-path before it did. In the same run:
+path before it did. The unfused paths' compiled torch tails are replayed in turns of their own, after
+the others': among them they slowed the fused paths (``timing``). In the same run:
 
 - the fused paths: ``auto`` and, per ``--backends``, LL and BT forced (``<backend>-ll``,
   ``<backend>-bt``); on one GPU the one protocol there is, ``<backend>-local``;

@@ -252,18 +252,22 @@ class Sweep:
                 allreduce_us = self._time_allreduces(hidden, m, peers)
                 for variant in self.args.variants:
                     # Every path of the row is captured first, then all are replayed in turns; each
-                    # path's rows are recorded from its samples after that (``then``).
+                    # path's rows are recorded from its samples after that (``then``). The compiled
+                    # torch tails get turns of their own, after the others': among them they slowed
+                    # the fused paths and not the strong tail (``timing``'s docstring).
                     shape, timer, then = _Shape(self, hidden, variant, m), self.timer(), []
+                    torch_tails = self.timer()
                     then += self._fused_rows(shape, fused, ceilings, timer)
                     then += self._strong_rows(shape, tails[variant], finalize, peers, allreduce_us, ceilings,
                                               chosen, kernels, timer)
-                    then += self._torch_tail_rows(shape, peers, timer)
+                    then += self._torch_tail_rows(shape, peers, torch_tails)
                     then += self._tilekernels_rows(shape, tilekernels, peers, allreduce_us, ceilings,
                                                    tilekernels_runs, timer)
                     then += self._fusion_rows(shape, fusion, ceilings, timer)
                     if variant == "plain" and floor is not None and m <= FLOOR_MAX_ROWS:
                         then += self._floor_row(shape, floor, ceilings, timer)
                     timer.replay()
+                    torch_tails.replay()
                     for record in then:
                         record()
         finally:

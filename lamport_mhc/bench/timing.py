@@ -5,13 +5,13 @@ then replays them in turns, every graph once a turn. Each path's samples then co
 seconds as every other's, so a drift of clocks or temperature over the row falls on all of them
 alike, where timing the paths one after another would put it between them.
 
-Each timed replay follows an untimed replay of the same graph. A row whose calls move about the
-L2's size of bytes runs partly from L2, and what a call finds there depends on what ran before it.
-Replayed straight after other paths' graphs, the fused paths at such rows ran up to 20% slower than
-when each path was timed alone, and the same Triton kernel 11% apart as auto and triton-local (one
-H100, tp = 1, H 4096 plain M = 512: 12.38 against 11.12 us); the strong tail's forms, each replayed
-after the one before, which reads and writes the same buffers, did not slow down. After an untimed
-replay of its own, every path's timed replay finds the L2 as its own calls leave it."""
+Each timed replay follows an untimed replay of the same graph, so a path's timed calls start from
+what its own calls leave behind (in the L2 above all), not from what the graph before it left.
+
+What runs in the same turns can still weigh on a path. On one H100 (tp = 1, rows of about the L2's
+size of bytes) the unfused paths' compiled torch tails, replayed among the others, slowed the fused
+paths by up to 20% (H 4096 quant M = 256: 6.2 against 5.2 us without them) even after this untimed
+replay, and the strong tail not at all; the sweep gives them turns of their own (``Sweep``)."""
 
 from __future__ import annotations
 
