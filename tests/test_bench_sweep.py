@@ -46,7 +46,7 @@ def _sweep_body(rank, tp, out, variants, late=False):
         sweep.run_hidden(2 * H, ceilings)
         sweep.run_hidden(4 * H, ceilings)
     sweep.finish(Path(out), "cpu", ceilings)
-    # The compiled torch tails are replayed in turns of their own, never among the others' (timing's
+    # The unfused paths' torch tails are replayed in turns of their own, never among the others' (timing's
     # docstring), and every timer was replayed.
     torch_timers = {id(timer) for name, timer in given if name == "_torch_tail_rows"}
     assert torch_timers and not torch_timers & {id(timer) for name, timer in given if name != "_torch_tail_rows"}

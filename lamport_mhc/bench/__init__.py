@@ -6,9 +6,9 @@ graph; a replay's time / calls is one sample, the max over ranks of each replay 
 median (min, max) over ``--replays`` is reported. The paths of one (hidden, variant, M) are captured
 first and then replayed in turns, every graph once a turn (``timing.GraphTimer``): what drifts over
 the row's seconds (clocks, temperature) falls on every path alike. Each timed replay follows an
-untimed one of the same graph, so every path finds the L2 as its own calls leave it, not as the
-path before it did. The unfused paths' compiled torch tails are replayed in turns of their own, after
-the others': among them they slowed the fused paths (``timing``). In the same run:
+untimed one of the same graph, so a path's timed calls follow its own, not the path before it. The
+unfused paths' torch tails are replayed in turns of their own, after the others': among them they
+slowed the fused paths even so (``timing``). In the same run:
 
 - the fused paths: ``auto`` and, per ``--backends``, LL and BT forced (``<backend>-ll``,
   ``<backend>-bt``); on one GPU the one protocol there is, ``<backend>-local``;

@@ -215,7 +215,7 @@ def write_summary(rows, notes, path: Path, gpu: str, tp: int, ceilings: Ceilings
     lines = [f"# {gpu}, tp={tp}", "",
              f"CUDA graphs of {args.calls} calls, median of {args.replays} replays, max over ranks; the paths "
              "of a row replayed in turns, each graph once a turn, after an untimed replay of its own (the "
-             "unfused paths' compiled torch tails in turns of their own). Ceilings "
+             "unfused paths' torch tails in turns of their own). Ceilings "
              f"{source}: {peer}, device copy {ceilings.hbm_gbps:.0f} GB/s. Every call of a graph takes the "
              "same inputs: a call whose bytes fit in L2 finds part of them there (such rows can come out below "
              "their byte floor).", "",

@@ -252,9 +252,9 @@ class Sweep:
                 allreduce_us = self._time_allreduces(hidden, m, peers)
                 for variant in self.args.variants:
                     # Every path of the row is captured first, then all are replayed in turns; each
-                    # path's rows are recorded from its samples after that (``then``). The compiled
-                    # torch tails get turns of their own, after the others': among them they slowed
-                    # the fused paths and not the strong tail (``timing``'s docstring).
+                    # path's rows are recorded from its samples after that (``then``). The unfused
+                    # paths' torch tails get turns of their own, after the others': among them they
+                    # slowed the fused paths and not the strong tail (``timing``'s docstring).
                     shape, timer, then = _Shape(self, hidden, variant, m), self.timer(), []
                     torch_tails = self.timer()
                     then += self._fused_rows(shape, fused, ceilings, timer)

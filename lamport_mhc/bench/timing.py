@@ -11,7 +11,8 @@ what its own calls leave behind (in the L2 above all), not from what the graph b
 What runs in the same turns can still weigh on a path. On one H100 (tp = 1, rows of about the L2's
 size of bytes) the unfused paths' compiled torch tails, replayed among the others, slowed the fused
 paths by up to 20% (H 4096 quant M = 256: 6.2 against 5.2 us without them) even after this untimed
-replay, and the strong tail not at all; the sweep gives them turns of their own (``Sweep``)."""
+replay, and the strong tail not at all (an uncompiled tail slowed H 4096 quant M = 256 too); the
+sweep gives them turns of their own (``Sweep``)."""
 
 from __future__ import annotations
 
