@@ -47,9 +47,9 @@ Specialized by constexprs:
   streams are loaded ``evict_first``, the streams out stored ``.cs`` (the layer input, which the
   next GEMM reads, is stored plainly). Which calls take them: ``traffic.STREAMED_ROWS``.
 - ``PREFETCH`` (the parked streaming form of x, the broad held twin): each chunk's inputs are loaded
-  while the chunk before is mixed, and (parked) gamma a chunk ahead in the second pass, the first
-  chunk's before the barrier that ends the first pass
-  (``plan.PARKED_PREFETCH_VARIANTS``).
+  while the chunk before is mixed (nothing past the last chunk in rows of three or more: the loop
+  leaves it off), and (parked) gamma a chunk ahead in the second pass, the first chunk's before the
+  barrier that ends the first pass (``plan.PARKED_PREFETCH_VARIANTS``).
 - ``PER_THREAD_WEIGHTS``: every thread holds all of the token's mix weights (``_mix_weights``);
   otherwise they are spread over the program's threads. With it, the local cooperative form of x
   (the latency form) stores the mixed streams after the exchange in calls of few rows
@@ -343,7 +343,8 @@ def _chunk_ahead(row_ptr, chunk, HIDDEN: tl.constexpr, CHUNK: tl.constexpr, CHUN
     """Chunk ``chunk`` of the bf16 row at ``row_ptr``, issued ahead of its use: bf16 bits or
     (``WORDS``) words of two, +0 past the row. Where the chunks tile the row the load is not masked
     (a masked load zeroes its registers first: 10 instructions a chunk) and the chunk past the last
-    loads the last again instead, from L1."""
+    loads the last again instead: gamma's prefetch, whose lines every row reads, and x's in rows of
+    two chunks (``consumer_kernel``'s ``PEELED``)."""
     PER: tl.constexpr = 2 if WORDS else 1  # values a load's element
     if WORDS:
         base = row_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -367,6 +368,19 @@ def _tabled_sum_of_squares(table, CHUNKS: tl.constexpr, ROOTS: tl.constexpr, PAR
     slots = tl.arange(0, ROOTS * PARTS)
     parts = ptx.load_area_f32(table + 4 * tl.minimum(slots, SLOTS - 1))
     return pairwise_sum(tl.where(slots < SLOTS, parts, 0.0), ROOTS * PARTS)
+
+
+@triton.jit
+def _keep_chunk_parts(parts, chunk, part_roots, table, leaders, PARTS: tl.constexpr, ROOTS: tl.constexpr,
+                      ROOTS_TABLE_BYTES: tl.constexpr):
+    """Keep chunk ``chunk``'s parts (a warp's subtree root each) for the join once the row is done: in
+    the roots table at ``table`` where the plan gives one (``ptx.table_part``), else in ``part_roots``
+    ([PARTS, ROOTS]), which it returns."""
+    if ROOTS_TABLE_BYTES > 0:
+        ptx.table_part(parts, leaders, table + 4 * (chunk * PARTS + tl.arange(0, PARTS)))
+    else:
+        part_roots = tl.where(tl.arange(0, ROOTS)[None, :] == chunk, parts[:, None], part_roots)
+    return part_roots
 
 
 @triton.jit
@@ -425,15 +439,16 @@ def _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN: tl.cons
 @triton.jit
 def _chunk_inputs(chunk, token, stream_words, in_streams, residual_ptr, x_ptr, HIDDEN: tl.constexpr,
                   HC: tl.constexpr, BLOCK_HC: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-                  STREAMED: tl.constexpr):
+                  STREAMED: tl.constexpr, PAST_LAST: tl.constexpr = False):
     """The streams and ``x`` of chunk ``chunk`` (``_take_chunk``'s loads), issued ahead of their use,
-    both as words of two bf16 (carried to the next chunk as int16, x took a PRMT a pair there);
-    past the row every lane is masked off, so the loop's last prefetch moves nothing; where the chunks
-    tile the row, nothing is masked and the last prefetch loads the last chunk again (``_chunk_ahead``)."""
+    both as words of two bf16 (carried to the next chunk as int16, x took a PRMT a pair there).
+    ``PAST_LAST``: ``chunk`` may be the one past the row's last (a loop's last prefetch); there every
+    lane is masked off, or where the chunks tile the row, nothing is masked and the last chunk is
+    loaded again (``_chunk_ahead``)."""
     LOAD_POLICY: tl.constexpr = "evict_first" if STREAMED else ""
     x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (HIDDEN // 2)  # the token's row
     x = _chunk_ahead(x_words, chunk, HIDDEN, CHUNK, CHUNKS, True, LOAD_POLICY)
-    if HIDDEN % CHUNK == 0:
+    if PAST_LAST and HIDDEN % CHUNK == 0:
         chunk = tl.minimum(chunk, CHUNKS - 1)
     residual = _load_streams(residual_ptr, stream_words, chunk, in_streams, HIDDEN, HC, BLOCK_HC, CHUNK, STREAMED)
     return residual, x
@@ -546,6 +561,7 @@ def consumer_kernel(
     token_roots = parked_roots_ptr + token * CHUNKS
     mbarrier = None  # the local form's (ASYNC_EXCHANGE)
     area = None  # where a streaming form parks its row (and keeps its roots table), on the GPU
+    table = None
     if PARKED_BYTES > 0:
         area = ptx.parked_area(PARKED_BYTES)
         table = area + (PARKED_BYTES - ROOTS_TABLE_BYTES)
@@ -615,6 +631,7 @@ def consumer_kernel(
         else:
             roots = tl.zeros([ROOTS], tl.float32)
             part_index = tl.arange(0, PARTS)
+            leaders = None
             if ROOTS_TABLE_BYTES > 0:
                 leaders = ptx.table_leaders(part_index)
             if HOLD:
@@ -648,26 +665,43 @@ def consumer_kernel(
                 # local forms through their roots table): the chunks' loop has no barrier, so the
                 # program's warps need not wait for each other.
                 part_roots = tl.zeros([PARTS, ROOTS], tl.float32)
+                # With PREFETCH the last chunk of a row of three or more is peeled off the loop, as it
+                # prefetches nothing: where the chunks tile the row, the loop's last prefetch loaded the
+                # last chunk again, and its evict-first lines came back from HBM (one H100, H 5120 quant
+                # M = 1000 under ncu: 3.4 MB more read than the strong tail's 51.2, 41.7 us against
+                # 39.8; in the benchmark, auto's speedup_vs_best there went from 0.971 to 0.981-0.986).
+                # Skipped by a branch in the loop instead, the loop-carried tile spilled; peeled off a
+                # row of two chunks (the wide twins at H 4096, 7168 quant's), both chunks' code spilled
+                # (one H100, H 4096 quant M = 512: 22.0 us against 13.4).
+                PEELED: tl.constexpr = PREFETCH and CHUNKS > 2
+                LOOPED: tl.constexpr = CHUNKS - 1 if PEELED else CHUNKS
                 if PREFETCH:
                     next_residual, next_x = _chunk_inputs(0, token, stream_words, in_streams, residual_ptr, x_ptr,
                                                           HIDDEN, HC, BLOCK_HC, CHUNK, CHUNKS, STREAMED)
-                for chunk in range(CHUNKS):  # parked for the second pass
+                for chunk in range(LOOPED):  # parked for the second pass
                     residual, x = None, None
                     if PREFETCH:  # the next chunk's loads in flight while this one is mixed
                         residual, x = next_residual, next_x
                         next_residual, next_x = _chunk_inputs(chunk + 1, token, stream_words, in_streams,
-                                                              residual_ptr, x_ptr, HIDDEN, HC, BLOCK_HC, CHUNK, CHUNKS,
-                                                              STREAMED)
+                                                              residual_ptr, x_ptr, HIDDEN, HC, BLOCK_HC, CHUNK,
+                                                              CHUNKS, STREAMED, not PEELED)
                     parts, _, _ = _take_chunk(
                         residual, chunk, token, stream_words, in_streams, post, comb, pre, streams, gen,
                         generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
                         weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
                         CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU,
                         PER_THREAD_WEIGHTS, x, area=area)
-                    if ROOTS_TABLE_BYTES > 0:
-                        ptx.table_part(parts, leaders, table + 4 * (chunk * PARTS + part_index))
-                    else:
-                        part_roots = tl.where(root_index[None, :] == chunk, parts[:, None], part_roots)
+                    part_roots = _keep_chunk_parts(parts, chunk, part_roots, table, leaders, PARTS, ROOTS,
+                                                   ROOTS_TABLE_BYTES)
+                if PEELED:
+                    parts, _, _ = _take_chunk(
+                        next_residual, CHUNKS - 1, token, stream_words, in_streams, post, comb, pre, streams, gen,
+                        generation, mailbox_ptr, residual_ptr, residual_out_ptr, layer_out_ptr, x_ptr, gemm2_ptr,
+                        weights_ptr, indices_ptr, timeout_ns, error_ptr, capacity, HIDDEN, HC, TP, TOP_K, BLOCK_HC,
+                        CHUNK, REDUCED, VARIANT, PUBLISH, LOCAL, True, PARKED_BYTES, STREAMED, ON_GPU,
+                        PER_THREAD_WEIGHTS, next_x, area=area)
+                    part_roots = _keep_chunk_parts(parts, CHUNKS - 1, part_roots, table, leaders, PARTS, ROOTS,
+                                                   ROOTS_TABLE_BYTES)
                 if ROOTS_TABLE_BYTES == 0:
                     roots = pairwise_columns(part_roots, PARTS, ROOTS)
         if (PUBLISH == NO_PUBLISH) & (not REDUCED):
