@@ -577,8 +577,8 @@ def test_only_pointers_a_call_may_pass_unaligned_leave_the_specialization_as_it_
 def test_local_forms_assemble_without_spills(hidden):
     """Every kernel of a group of one, plain and quant, keeps its values in registers (ptxas, sm_90a):
     the forms that carry the next chunk's inputs through the chunks' loop are where spills appeared
-    (the wide twins of two chunks with their last chunk peeled off the loop, H 4096 and 7168 quant:
-    80-104 stack bytes, and one H100 ran H 4096 quant M = 512 in 22.0 us against 13.4)."""
+    (the wide twins of two chunks with their last chunk peeled off the loop: 80-104 stack bytes at
+    H 4096, 16-24 at 7168 quant; one H100 ran H 4096 quant M = 512 in 22.0 us against 13.4)."""
     from lamport_mhc.bench.sass import assemble, disassemble
 
     spec = BuildSpec(hidden=hidden, hc=4, capacity=64, top_k=6, tp=1, rank=0, quantize=True, bt=False)
