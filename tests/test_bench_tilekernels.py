@@ -19,6 +19,7 @@ from timer_stand_in import StandInTimer  # noqa: E402
 from lamport_mhc import reference  # noqa: E402
 from lamport_mhc.bench import PATHS, Ceilings, parse_args, write_results  # noqa: E402
 from lamport_mhc.bench.names import TILEKERNELS_TAIL, whole_op_alternatives  # noqa: E402
+from lamport_mhc.bench.report import read_rows  # noqa: E402
 from lamport_mhc.bench.sweep import Sweep  # noqa: E402
 from lamport_mhc.bench.tilekernels_tail import (NORM_FORMS, TileKernels, TileKernelsAPI, agree_bf16,  # noqa: E402
                                                 shared_expert_as_route, tvm_ffi_mismatch)
@@ -251,6 +252,30 @@ def test_merged_rows_of_the_path_replace_its_earlier_skip(tmp_path):
     write_results([row], [], tmp_path / "second", "cpu", 1, Ceilings(None, 1000.0), args, args.merge)
     notes = json.loads((tmp_path / "second" / "cpu_tp1_notes.json").read_text())
     assert [n["skipped"]["variant"] for n in notes if "skipped" in n] == ["quant"]  # quant was not measured
+
+
+def test_a_main_run_merged_over_the_paths_rows_keeps_them_and_notes_its_skip(tmp_path):
+    """The other order: the path timed alone first, then the main run (which cannot import it)
+    merged over it. Its rows stay, and the main run's skip becomes a note beside them, where a skip
+    of every M would contradict them; a skip of the path at a variant without rows stays a skip."""
+    args = SimpleNamespace(calls=50, replays=5, hidden=[256])
+    row = dict(tp=1, hc=4, hidden=256, variant="plain", m=8, path=TILEKERNELS_TAIL, us_median=3.0, us_min=3.0,
+               us_max=3.0, floor_us=None, ratio_to_floor=None, speedup_vs_unfused=None, speedup_vs_best=None)
+    write_results([row], [], tmp_path / "first", "cpu", 1, Ceilings(None, 1000.0), args)
+    skips = [{"hidden": 256, "text": f"skipped tilekernels-tail hc=4 {v} H=256: no tile-kernels",
+              "skipped": {"hc": 4, "variant": v, "path": TILEKERNELS_TAIL, "m": "all", "reason": "no tile-kernels"}}
+             for v in ("plain", "quant")]
+    args.merge = str(tmp_path / "first" / "cpu_tp1.csv")
+    main_row = {**row, "path": "auto", "us_median": 2.0}
+    for out in ("second", "third"):  # merged twice: the note is not repeated
+        write_results([main_row], skips, tmp_path / out, "cpu", 1, Ceilings(None, 1000.0), args, args.merge)
+        args.merge = str(tmp_path / out / "cpu_tp1.csv")
+    notes = json.loads((tmp_path / "third" / "cpu_tp1_notes.json").read_text())
+    assert [n["skipped"]["variant"] for n in notes if "skipped" in n] == ["quant"]
+    kept = [n["text"] for n in notes if n["text"].startswith("tilekernels-tail hc=4 plain H=256")]
+    assert kept == ["tilekernels-tail hc=4 plain H=256: rows of cpu_tp1.csv kept (not run here: no tile-kernels)"]
+    paths = [r["path"] for r in read_rows(tmp_path / "third" / "cpu_tp1.csv")]
+    assert sorted(paths) == ["auto", TILEKERNELS_TAIL]
 
 
 def _sweep_body(rank, tp, out):

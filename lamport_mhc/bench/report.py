@@ -86,6 +86,23 @@ def _skipped_path(note: dict) -> tuple | None:
     return None if skipped is None else (note["hidden"], skipped["hc"], skipped["variant"], skipped["path"])
 
 
+def _row_path(row: dict) -> tuple:
+    """(hidden, hc, variant, path) of a row, as ``_skipped_path`` gives a skip note's."""
+    return row["hidden"], row.get("hc", HC), row["variant"], row["path"]
+
+
+def _skips_all_of(note: dict, paths: set) -> bool:
+    """Whether ``note`` skips every M of one of ``paths`` ((hidden, hc, variant, path) each)."""
+    return _skipped_path(note) in paths and note["skipped"]["m"] == "all"
+
+
+def _kept_rows_note(note: dict, merged_name: str) -> dict:
+    """A skip note of this run, where the rows of the merged table are kept for its path."""
+    s = note["skipped"]
+    return {"hidden": note["hidden"], "text": f"{s['path']} hc={s['hc']} {s['variant']} H={note['hidden']}: rows of "
+                                              f"{merged_name} kept (not run here: {s['reason']})"}
+
+
 def with_speedups(rows: list[dict]) -> list[dict]:
     """Every row's speedup against the unfused NCCL row of its shape (``speedup_vs_unfused``) and
     against the fastest alternative that does the whole op (``speedup_vs_best``: the unfused paths,
@@ -129,18 +146,25 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
              for h in args.hidden] + list(notes)
     if merge:
         measured = {_row_key(r) for r in rows}
-        measured_paths = {(r["hidden"], r.get("hc", HC), r["variant"], r["path"]) for r in rows}
-        rows = [r for r in read_rows(merge) if _row_key(r) not in measured] + list(rows)
+        measured_paths = {_row_path(r) for r in rows}
+        kept = [r for r in read_rows(merge) if _row_key(r) not in measured]
+        rows = kept + list(rows)
+        # A path this run could not run at all (tilekernels-tail where the main run cannot import it,
+        # say) keeps the earlier run's rows: its skip is a note beside them, not a skip of the table.
+        kept_paths = {_row_path(r) for r in kept} - measured_paths
+        notes = [_kept_rows_note(n, Path(merge).name) if _skips_all_of(n, kept_paths) else n for n in notes]
         old_notes = notes_path(merge)
         if old_notes.exists():
             # A note the new run gave again is replaced; what the earlier run left unmeasured for
             # lack of time is stale wherever this run measured that hidden size, and an earlier skip
             # of a path wherever this run measured that path (at that hidden size and variant: a path
-            # timed in a process of its own, say, which the main run could not import).
+            # timed in a process of its own, say, which the main run could not import), or of every M
+            # of a path whose rows are kept.
             subjects = {_note_key(n) for n in notes}
             subjects |= {(h, f"{TIME_BUDGET} H={h}") for h in args.hidden}
             notes = [n for n in json.loads(old_notes.read_text())
-                     if _note_key(n) not in subjects and _skipped_path(n) not in measured_paths] + notes
+                     if _note_key(n) not in subjects and _skipped_path(n) not in measured_paths
+                     and not _skips_all_of(n, kept_paths)] + notes
         else:
             print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
                   "run's notes", flush=True)
