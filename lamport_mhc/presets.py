@@ -102,7 +102,7 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
         routes={"plain": ((8192, "triton"),),
                 "finalize": ((1024, "triton"), (8192, "cute"),),
-                "quant": ((1000, "triton"), (8192, "cute"),)}),
+                "quant": ((2048, "triton"), (8192, "cute"),)}),
     ("h100", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
         routes={"plain": ((8192, "triton"),),
