@@ -97,6 +97,25 @@ def test_a_run_of_some_paths_keeps_the_main_runs_ceilings(tmp_path):
                      "ceilings for H=4096 (tilekernels-tail): peer 800 GB/s, device copy 4500 GB/s"]
 
 
+def test_a_main_run_drops_the_ceilings_of_the_runs_of_paths_it_measured_again(tmp_path):
+    """A probe of one path (auto) and a path timed alone (tilekernels-tail) are merged into a table,
+    then the main run again over it: the probe's ceilings went with its rows, the other path's stay."""
+    out, table = tmp_path / "0", None
+    runs = [(None, _run_rows(4096, 10.0), 700.0), (["triton-ll"], _run_rows(4096, 9.0, paths=("triton-ll",)), 710.0),
+            (["tilekernels-tail"], _run_rows(4096, 30.0, paths=("tilekernels-tail",)), 800.0),
+            (None, _run_rows(4096, 11.0), 720.0)]
+    for i, (paths, rows, peer) in enumerate(runs):
+        out = tmp_path / str(i)
+        args = SimpleNamespace(calls=50, replays=5, hidden=[4096], paths=paths, merge=table)
+        write_results(rows, [], out, "h200", 2, Ceilings(peer, 4000.0), args, merge=table)
+        table = str(out / "h200_tp2.csv")
+        texts = [n["text"] for n in json.loads((out / "h200_tp2_notes.json").read_text())]
+        if i == 1:
+            assert "ceilings for H=4096 (triton-ll): peer 710 GB/s, device copy 4000 GB/s" in texts
+    assert texts == ["ceilings for H=4096 (tilekernels-tail): peer 800 GB/s, device copy 4000 GB/s",
+                     "ceilings for H=4096: peer 720 GB/s, device copy 4000 GB/s"]
+
+
 def test_method_minimums_are_enforced():
     with pytest.raises(SystemExit):
         parse_args(["--calls", "10"])

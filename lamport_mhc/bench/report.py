@@ -131,6 +131,17 @@ def ceilings_subject(hidden: int, paths) -> str:
     return f"ceilings for H={hidden}" + (f" ({', '.join(paths)})" if paths else "")
 
 
+def _ceilings_of_remeasured(note: dict, measured_paths: set) -> bool:
+    """Whether ``note`` is the ceilings note of a run of some paths (``ceilings_subject``) that
+    ``measured_paths`` ((hidden, hc, variant, path) each) all cover at its hidden size."""
+    subject = _note_key(note)[1]
+    prefix = f"{ceilings_subject(note['hidden'], None)} ("
+    if not (subject.startswith(prefix) and subject.endswith(")")):
+        return False
+    measured = {path for hidden, _, _, path in measured_paths if hidden == note["hidden"]}
+    return set(subject[len(prefix):-1].split(", ")) <= measured
+
+
 def _ceiling_text(ceilings: Ceilings) -> str:
     peer = ("no peers (a group of one)" if ceilings.peer_gbps is None
             else f"peer {ceilings.peer_gbps:.0f} GB/s")
@@ -159,12 +170,13 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
             # lack of time is stale wherever this run measured that hidden size, and an earlier skip
             # of a path wherever this run measured that path (at that hidden size and variant: a path
             # timed in a process of its own, say, which the main run could not import), or of every M
-            # of a path whose rows are kept.
+            # of a path whose rows are kept; and the ceilings of an earlier run of some paths where
+            # this run measured them all again at that hidden size.
             subjects = {_note_key(n) for n in notes}
             subjects |= {(h, f"{TIME_BUDGET} H={h}") for h in args.hidden}
             notes = [n for n in json.loads(old_notes.read_text())
                      if _note_key(n) not in subjects and _skipped_path(n) not in measured_paths
-                     and not _skips_all_of(n, kept_paths)] + notes
+                     and not _skips_all_of(n, kept_paths) and not _ceilings_of_remeasured(n, measured_paths)] + notes
         else:
             print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
                   "run's notes", flush=True)
