@@ -98,7 +98,7 @@ def test_a_run_of_some_paths_keeps_the_main_runs_ceilings(tmp_path):
 
 
 def test_a_main_run_drops_the_ceilings_of_the_runs_of_paths_it_measured_again(tmp_path):
-    """A probe of one path (auto) and a path timed alone (tilekernels-tail) are merged into a table,
+    """A probe of one path (triton-ll) and a path timed alone (tilekernels-tail) are merged into a table,
     then the main run again over it: the probe's ceilings went with its rows, the other path's stay."""
     out, table = tmp_path / "0", None
     runs = [(None, _run_rows(4096, 10.0), 700.0), (["triton-ll"], _run_rows(4096, 9.0, paths=("triton-ll",)), 710.0),
