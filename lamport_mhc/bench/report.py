@@ -148,6 +148,35 @@ def _ceiling_text(ceilings: Ceilings) -> str:
     return f"{peer}, device copy {ceilings.hbm_gbps:.0f} GB/s"
 
 
+def _merged(rows: list[dict], notes: list[dict], merge, hiddens) -> tuple[list[dict], list[dict]]:
+    """This run's rows and notes folded into the results at ``merge``: the earlier rows are kept but
+    those measured again, and the earlier notes but those this run makes stale."""
+    measured = {_row_key(r) for r in rows}
+    measured_paths = {_row_path(r) for r in rows}
+    kept = [r for r in read_rows(merge) if _row_key(r) not in measured]
+    # A path this run could not run at all (tilekernels-tail where the main run cannot import it,
+    # say) keeps the earlier run's rows: its skip is a note beside them, not a skip of the table.
+    kept_paths = {_row_path(r) for r in kept} - measured_paths
+    notes = [_kept_rows_note(n, Path(merge).name) if _skips_all_of(n, kept_paths) else n for n in notes]
+    old_notes = notes_path(merge)
+    if not old_notes.exists():
+        print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
+              "run's notes", flush=True)
+        return kept + list(rows), notes
+    subjects = {_note_key(n) for n in notes} | {(h, f"{TIME_BUDGET} H={h}") for h in hiddens}
+
+    def stale(note: dict) -> bool:
+        # A note the new run gave again; what the earlier run left unmeasured for lack of time,
+        # wherever this run measured that hidden size; an earlier skip of a path wherever this run
+        # measured that path (at that hidden size and variant: a path timed in a process of its own,
+        # say, which the main run could not import), or of every M of a path whose rows are kept;
+        # the ceilings of an earlier run of some paths where this run measured them all again.
+        return (_note_key(note) in subjects or _skipped_path(note) in measured_paths
+                or _skips_all_of(note, kept_paths) or _ceilings_of_remeasured(note, measured_paths))
+
+    return kept + list(rows), [n for n in json.loads(old_notes.read_text()) if not stale(n)] + notes
+
+
 def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings, args, merge=None) -> None:
     """CSV, notes sidecar, plots and summary; with ``merge``, the earlier run's rows and notes are kept
     except those this run measured again (same hc, hidden, variant, M and path; same note subject).
@@ -156,30 +185,7 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
     notes = [{"hidden": h, "text": f"{ceilings_subject(h, paths)}: {_ceiling_text(ceilings)}"}
              for h in args.hidden] + list(notes)
     if merge:
-        measured = {_row_key(r) for r in rows}
-        measured_paths = {_row_path(r) for r in rows}
-        kept = [r for r in read_rows(merge) if _row_key(r) not in measured]
-        rows = kept + list(rows)
-        # A path this run could not run at all (tilekernels-tail where the main run cannot import it,
-        # say) keeps the earlier run's rows: its skip is a note beside them, not a skip of the table.
-        kept_paths = {_row_path(r) for r in kept} - measured_paths
-        notes = [_kept_rows_note(n, Path(merge).name) if _skips_all_of(n, kept_paths) else n for n in notes]
-        old_notes = notes_path(merge)
-        if old_notes.exists():
-            # A note the new run gave again is replaced; what the earlier run left unmeasured for
-            # lack of time is stale wherever this run measured that hidden size, and an earlier skip
-            # of a path wherever this run measured that path (at that hidden size and variant: a path
-            # timed in a process of its own, say, which the main run could not import), or of every M
-            # of a path whose rows are kept; and the ceilings of an earlier run of some paths where
-            # this run measured them all again at that hidden size.
-            subjects = {_note_key(n) for n in notes}
-            subjects |= {(h, f"{TIME_BUDGET} H={h}") for h in args.hidden}
-            notes = [n for n in json.loads(old_notes.read_text())
-                     if _note_key(n) not in subjects and _skipped_path(n) not in measured_paths
-                     and not _skips_all_of(n, kept_paths) and not _ceilings_of_remeasured(n, measured_paths)] + notes
-        else:
-            print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
-                  "run's notes", flush=True)
+        rows, notes = _merged(rows, notes, merge, args.hidden)
     rows = [{k: r.get(k, HC if k == "hc" else None) for k in COLUMNS} for r in rows]
     rows = sorted(with_speedups(rows), key=lambda r: (r["hc"], r["hidden"], r["variant"], r["m"], r["path"]))
     notes = sorted(notes, key=lambda n: (n["hidden"] is not None, n["hidden"] or 0))  # stable within a size
