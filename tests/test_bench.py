@@ -270,3 +270,17 @@ def test_new_options():
     assert parse_args([]).hc == 4
     with pytest.raises(SystemExit):
         parse_args(["--hc", "3"])
+
+
+def test_a_merge_leaves_the_rows_it_keeps_as_they_were_written(tmp_path):
+    """Speedups are taken from the medians as the CSV holds them, so a merge, which reads them back,
+    derives the same ones: the kept rows' lines do not change in their last digit."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    rows = [dict(tp=1, hidden=7168, variant="finalize", m=1, path=p, us_median=us, us_min=us, us_max=us, floor_us=0.072,
+                 ratio_to_floor=us / 0.072) for p, us in (("auto", 2.5612), ("strong-tail", 4.4236),
+                                                         ("unfused-nccl", 11.4784))]
+    write_results(rows, [], first, "h100", 1, Ceilings(None, 3000.0), SimpleNamespace(calls=50, replays=9, hidden=[7168]))
+    args = SimpleNamespace(calls=50, replays=9, hidden=[5120], merge=str(first / "h100_tp1.csv"))
+    write_results(_run_rows(5120, 20.0), [], second, "h100", 1, Ceilings(None, 3000.0), args, merge=args.merge)
+    kept = [line for line in (second / "h100_tp1.csv").read_text().splitlines() if ",7168," in line]
+    assert kept == (first / "h100_tp1.csv").read_text().splitlines()[1:]

@@ -16,6 +16,7 @@ COLUMNS = ("tp", "hc", "hidden", "variant", "m", "path", "us_median", "us_min", 
 INT_COLUMNS = ("tp", "hc", "hidden", "m")
 FLOAT_COLUMNS = ("us_median", "us_min", "us_max", "floor_us", "ratio_to_floor", "speedup_vs_unfused",
                  "speedup_vs_best")
+CSV_DIGITS = 3  # decimals of the CSV's float columns
 # The strong tail must reach this fraction of the device-copy ceiling from this many rows on.
 TAIL_BAR, TAIL_BAR_FROM_M = 0.85, 1024
 
@@ -177,6 +178,10 @@ def _merged(rows: list[dict], notes: list[dict], merge, hiddens) -> tuple[list[d
     return kept + list(rows), [n for n in json.loads(old_notes.read_text()) if not stale(n)] + notes
 
 
+def _stored(value):
+    return round(value, CSV_DIGITS) if isinstance(value, float) else value
+
+
 def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings, args, merge=None) -> None:
     """CSV, notes sidecar, plots and summary; with ``merge``, the earlier run's rows and notes are kept
     except those this run measured again (same hc, hidden, variant, M and path; same note subject).
@@ -186,7 +191,9 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
              for h in args.hidden] + list(notes)
     if merge:
         rows, notes = _merged(rows, notes, merge, args.hidden)
-    rows = [{k: r.get(k, HC if k == "hc" else None) for k in COLUMNS} for r in rows]
+    # At the CSV's precision before the speedups are taken, so that a merge, which reads them back,
+    # derives the same speedups for the rows it keeps.
+    rows = [{k: _stored(r.get(k, HC if k == "hc" else None)) for k in COLUMNS} for r in rows]
     rows = sorted(with_speedups(rows), key=lambda r: (r["hc"], r["hidden"], r["variant"], r["m"], r["path"]))
     notes = sorted(notes, key=lambda n: (n["hidden"] is not None, n["hidden"] or 0))  # stable within a size
     out.mkdir(parents=True, exist_ok=True)
@@ -195,7 +202,7 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else ("" if v is None else v))
+            writer.writerow({k: (f"{v:.{CSV_DIGITS}f}" if isinstance(v, float) else ("" if v is None else v))
                              for k, v in r.items()})
     notes_path(out / f"{stem}.csv").write_text(json.dumps(notes, indent=1) + "\n")
     plots = write_plots(rows, out, stem)

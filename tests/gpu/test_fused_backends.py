@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from lamport_mhc import presets
 from lamport_mhc.testing import bits, expected_outputs, random_inputs
 
 from .bodies import (BACKENDS, EPS, HC, TOP_K, TP, VARIANTS, build, check, graph_replays, poison_allocator,
@@ -157,17 +158,34 @@ def test_soak_10000_calls(backend):
         assert forms == (["local"] if TP == 1 else ["bt", "ll-one-kernel", "ll-two-kernels"])
 
 
+AUTO_CAPACITY = 2048
+
+
+def _route_edges(preset, capacity: int) -> list[int]:
+    """M = 1, 3 and the capacity, and both sides of every boundary between a preset's routes below it."""
+    edges = {m for ranges in preset.routes.values() for up_to, _ in ranges[:-1] for m in (up_to, up_to + 1)}
+    return sorted({1, 3, capacity} | {m for m in edges if m <= capacity})
+
+
 def _auto_routes_body(rank, tp):
-    """``auto`` where this machine's preset routes M ranges to both backends (H200 TP2 at H = 4096):
-    cute and triton over one workspace, each call on its route's backend."""
-    op = build(4096, 512, "auto", None)
-    if len(op.backends) < 2:
+    """``auto`` over one workspace at the first hidden size whose preset on this machine routes M
+    ranges up to AUTO_CAPACITY to both backends: every call on its route's backend, on both sides of
+    every boundary, with the reference's bits."""
+    keys = presets.device_keys(torch.device("cuda", torch.cuda.current_device()))
+    for hidden in (4096, 5120, 7168):
+        preset = presets.lookup(keys, tp, hidden)
+        sizes = _route_edges(preset, AUTO_CAPACITY)
+        routed = {preset.backend_for(variant, m) for m in sizes for variant in ("plain", "finalize", "quant")}
+        if len(routed) > 1:
+            break
+    else:
         return None
-    sizes = (1, 3, 100, 128, 129, 200, 256, 257, 300, 511)
-    routed = {op.preset.backend_for(variant, m) for m in sizes for variant in ("plain", "finalize", "quant")}
+    op = build(hidden, AUTO_CAPACITY, "auto", None)
+    ran, choose = set(), op.path.backend  # the backend each call was dispatched to
+    op.path.backend = lambda call: ran.add(backend := choose(call)) or backend
     failures = [f for m in sizes for variant in VARIANTS
-                for f in check([op], tp, rank, m, 4096, variant, seed=4096 + m * 10 + VARIANTS.index(variant))]
-    return op.backends, sorted(routed), failures
+                for f in check([op], tp, rank, m, hidden, variant, seed=hidden + m * 10 + VARIANTS.index(variant))]
+    return op.backends, sorted(ran), failures
 
 
 def test_auto_runs_each_call_on_its_routed_backend():
@@ -176,7 +194,7 @@ def test_auto_runs_each_call_on_its_routed_backend():
         require_backend(backend)
     results = run_ranks(_auto_routes_body, TP, timeout_s=300)
     if results[0] is None:
-        pytest.skip("this machine's preset routes every M of H = 4096 to one backend")
-    for backends, routed, failures in results:
-        assert sorted(backends) == ["cute", "triton"] and routed == ["cute", "triton"]  # (in preference order)
+        pytest.skip(f"this machine's presets route every M up to {AUTO_CAPACITY} to one backend at every hidden size")
+    for backends, ran, failures in results:
+        assert sorted(backends) == ["cute", "triton"] and ran == ["cute", "triton"]
         assert failures == []
