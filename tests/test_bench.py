@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lamport_mhc.bench import (COLUMNS, Ceilings, floor_us, fused_bytes, parse_args, read_rows, write_results,
-                               write_summary)
+from lamport_mhc.bench import (COLUMNS, DEFAULT_ROWS, Ceilings, floor_us, fused_bytes, parse_args, read_rows,
+                               write_results, write_summary)
 
 
 def test_ll_traffic_grows_with_tp_and_bt_caps_it():
@@ -279,8 +279,38 @@ def test_a_merge_leaves_the_rows_it_keeps_as_they_were_written(tmp_path):
     rows = [dict(tp=1, hidden=7168, variant="finalize", m=1, path=p, us_median=us, us_min=us, us_max=us, floor_us=0.072,
                  ratio_to_floor=us / 0.072) for p, us in (("auto", 2.5612), ("strong-tail", 4.4236),
                                                          ("unfused-nccl", 11.4784))]
-    write_results(rows, [], first, "h100", 1, Ceilings(None, 3000.0), SimpleNamespace(calls=50, replays=9, hidden=[7168]))
+    args = SimpleNamespace(calls=50, replays=9, hidden=[7168])
+    write_results(rows, [], first, "h100", 1, Ceilings(None, 3000.0), args)
     args = SimpleNamespace(calls=50, replays=9, hidden=[5120], merge=str(first / "h100_tp1.csv"))
     write_results(_run_rows(5120, 20.0), [], second, "h100", 1, Ceilings(None, 3000.0), args, merge=args.merge)
     kept = [line for line in (second / "h100_tp1.csv").read_text().splitlines() if ",7168," in line]
     assert kept == (first / "h100_tp1.csv").read_text().splitlines()[1:]
+
+
+def test_a_run_of_some_rows_merged_keeps_the_full_runs_notes_beside_its_own(tmp_path):
+    """A re-timing of two Ms scopes its notes to them: the full run's notes of the same subject (the
+    strong tail's forms over every M, its ceilings) stay beside them, and the next full run drops
+    both."""
+    full, retimed, again = tmp_path / "full", tmp_path / "retimed", tmp_path / "again"
+    full_args = SimpleNamespace(calls=50, replays=9, hidden=[5120], rows=DEFAULT_ROWS)
+    write_results(_run_rows(5120, 20.0), [{"hidden": 5120, "text": "strong tail form plain H=5120: looped at M=1-8192"}],
+                  full, "h100", 1, Ceilings(None, 3000.0), full_args)
+    args = SimpleNamespace(calls=50, replays=9, hidden=[5120], rows=[16, 1], merge=str(full / "h100_tp1.csv"))
+    write_results(_run_rows(5120, 30.0), [{"hidden": 5120, "text": "strong tail form plain H=5120: held at M=1, 16"}],
+                  retimed, "h100", 1, Ceilings(None, 3100.0), args, merge=args.merge)
+    texts = [n["text"] for n in json.loads((retimed / "h100_tp1_notes.json").read_text())]
+    assert texts == ["ceilings for H=5120: no peers (a group of one), device copy 3000 GB/s",
+                     "strong tail form plain H=5120: looped at M=1-8192",
+                     "ceilings for H=5120 (M=1, 16): no peers (a group of one), device copy 3100 GB/s",
+                     "strong tail form plain H=5120 (M=1, 16): held at M=1, 16"]
+    # The same re-timing again replaces its own notes only.
+    write_results(_run_rows(5120, 30.0), [{"hidden": 5120, "text": "strong tail form plain H=5120: held at M=1, 16"}],
+                  retimed, "h100", 1, Ceilings(None, 3100.0), args, merge=str(retimed / "h100_tp1.csv"))
+    assert [n["text"] for n in json.loads((retimed / "h100_tp1_notes.json").read_text())] == texts
+
+    full_args.merge = str(retimed / "h100_tp1.csv")
+    write_results(_run_rows(5120, 25.0), [{"hidden": 5120, "text": "strong tail form plain H=5120: split at M=1-8192"}],
+                  again, "h100", 1, Ceilings(None, 3200.0), full_args, merge=full_args.merge)
+    assert [n["text"] for n in json.loads((again / "h100_tp1_notes.json").read_text())] == [
+        "ceilings for H=5120: no peers (a group of one), device copy 3200 GB/s",
+        "strong tail form plain H=5120: split at M=1-8192"]

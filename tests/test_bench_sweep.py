@@ -66,12 +66,12 @@ def test_sweep_on_one_rank(tmp_path):
     assert _paths(rows, "finalize") == _paths(rows, "quant") == {"auto", "strong-tail", "unfused-best", "unfused-nccl"}
     notes = json.loads((tmp_path / "cpu_tp1_notes.json").read_text())
     texts = [n["text"] for n in notes]
-    assert "unfused-best at H=256: no all-reduce (a group of one), the strong kernels alone" in texts
-    assert "strong tail form quant H=256: row at M=1-3" in texts  # both forms timed, the faster kept
-    assert "time budget H=512: stopped before M=1; not measured: 1, 3" in texts
-    assert "time budget H=1024: not measured, the budget ran out before it" in texts
-    assert any(t.startswith("build triton-local H=256: RuntimeError") for t in texts)  # no CUDA device here
-    assert any(t.startswith("auto at H=256: runs ") for t in texts)  # its subject: a merge replaces it
+    assert "unfused-best at H=256 (M=1, 3): no all-reduce (a group of one), the strong kernels alone" in texts
+    assert "strong tail form quant H=256 (M=1, 3): row at M=1-3" in texts  # both forms timed, the faster kept
+    assert "time budget H=512 (M=1, 3): stopped before M=1; not measured: 1, 3" in texts
+    assert "time budget H=1024 (M=1, 3): not measured, the budget ran out before it" in texts
+    assert any(t.startswith("build triton-local H=256 (M=1, 3): RuntimeError") for t in texts)  # no CUDA device here
+    assert any(t.startswith("auto at H=256 (M=1, 3): runs ") for t in texts)  # scoped to the run's Ms
     skipped = {n["skipped"]["path"]: n["skipped"]["reason"] for n in notes if "skipped" in n}
     assert "refuses a group of 1" in skipped["flashinfer_all_reduce"]
     assert skipped["lamport-ar-floor"] == "a group of one has no all-reduce to bound"
@@ -89,7 +89,7 @@ def test_sweep_on_two_ranks(tmp_path):
     assert first == second
     assert _paths(first, "plain") == {"auto", "strong-tail", "unfused-best", "unfused-nccl", "nccl_all_reduce"}
     notes = json.loads((tmp_path / "cpu_tp2_notes.json").read_text())
-    assert "unfused-best at H=256: nccl_all_reduce at M=1-3" in [n["text"] for n in notes]
+    assert "unfused-best at H=256 (M=1, 3): nccl_all_reduce at M=1-3" in [n["text"] for n in notes]
     skipped = {n["skipped"]["path"]: n["skipped"]["reason"] for n in notes if "skipped" in n}
     assert "flashinfer stand-in: not installed" in skipped["vllm_custom_all_reduce"]
     assert "unfused-one-shot" in skipped and "two_shot_all_reduce" in skipped
@@ -129,5 +129,5 @@ def test_a_failing_sweep_keeps_what_it_measured(tmp_path):
     rows = [line.split(",") for line in (tmp_path / "cpu_tp1.csv").read_text().splitlines()[1:]]
     assert [(row[4], row[5]) for row in rows] == [("1", "strong-tail")]
     notes = [n["text"] for n in json.loads((tmp_path / "cpu_tp1_notes.json").read_text())]
-    assert (f"failed H={H}: RuntimeError: CUDA error: an illegal memory access was encountered; the rows measured "
-            "before it are kept") in notes
+    assert (f"failed H={H} (M=1, 3): RuntimeError: CUDA error: an illegal memory access was encountered; the rows "
+            "measured before it are kept") in notes

@@ -313,10 +313,11 @@ def test_sweep_times_the_path_at_every_shape(tmp_path, tp):
                                 for m in (1, 3))
     notes = json.loads((tmp_path / f"cpu_tp{tp}_notes.json").read_text())
     texts = [n["text"] for n in notes]
-    check = next(t for t in texts if t.startswith("tilekernels-tail check H=256: "))
+    # A run of some rows (M = 1, 3) scopes its notes to them.
+    check = next(t for t in texts if t.startswith("tilekernels-tail check H=256 (M=1, 3): "))
     assert "contribution" in check and "MXFP8 scales and MXFP8 values exact" in check
-    assert any(t.startswith("tilekernels-tail norm form quant H=256: ") for t in texts)
+    assert any(t.startswith("tilekernels-tail norm form quant H=256 (M=1, 3): ") for t in texts)
     if tp == 2:
-        assert "tilekernels-tail at H=256: nccl_all_reduce at M=1-3 (of nccl_all_reduce)" in texts
+        assert "tilekernels-tail at H=256 (M=1, 3): nccl_all_reduce at M=1-3 (of nccl_all_reduce)" in texts
     # Candidates only this path asked for are not reported as skipped (symmetric memory, FlashInfer).
     assert not [n for n in notes if "skipped" in n]

@@ -37,7 +37,8 @@ as skipped. Outputs under ``--out`` (default bench/results): ``<gpu>_tp<N>.csv``
 hidden, variant) when matplotlib is installed (``pip install 'lamport-mhc[bench]'``),
 ``<gpu>_tp<N>.md`` and the notes as ``<gpu>_tp<N>_notes.json``. ``--paths`` times a subset of the
 paths; ``--merge CSV`` extends an earlier run: its rows and notes are kept except those this run
-measured again; ``--time-budget SECONDS`` starts no new M after that long and writes what it has.
+measured again (a run of other ``--rows`` than the sweep's scopes its notes to them, so that they
+stand beside the full run's); ``--time-budget SECONDS`` starts no new M after that long and writes what it has.
 A hidden size that fails (a GPU fault) writes the rows measured before it too, then the run stops.
 """
 

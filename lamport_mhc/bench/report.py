@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
+from .cli import DEFAULT_ROWS
 from .floors import Ceilings
 from .names import BACKEND_PATHS, HC, STRONG_TAIL, whole_op_alternatives
 
@@ -60,6 +62,29 @@ TIME_BUDGET = "time budget"  # the subject of the notes on what a run had no tim
 def _note_key(note: dict) -> tuple:
     """What a note is about: its hidden size and the text before its first colon."""
     return note["hidden"], note["text"].split(":", 1)[0]
+
+
+def rows_scope(args) -> str:
+    """What a run's notes are scoped to: nothing for a run of the sweep's rows; " (M=...)" for a run
+    of other rows (a probe, a re-timing), whose notes then stand beside the full run's in a merge
+    instead of replacing them."""
+    rows = getattr(args, "rows", None)
+    return "" if rows is None or sorted(rows) == sorted(DEFAULT_ROWS) else f" (M={_ranges(rows)})"
+
+
+def _scoped(note: dict, scope: str) -> dict:
+    """``note`` with ``scope`` after its subject; skip notes carry their Ms already."""
+    if not scope or "skipped" in note:
+        return note
+    subject, colon, rest = note["text"].partition(":")
+    return {**note, "text": f"{subject}{scope}{colon}{rest}"}
+
+
+def _unscoped(note: dict) -> dict:
+    """``note`` without the scope ``_scoped`` gave it."""
+    subject, colon, rest = note["text"].partition(":")
+    match = re.fullmatch(r"(.*) \(M=[0-9, -]+\)", subject)
+    return note if match is None else {**note, "text": f"{match[1]}{colon}{rest}"}
 
 
 def skip_note(hidden: int, hc: int, variant: str, path: str, reason: str, ms: list[int]) -> dict:
@@ -149,9 +174,10 @@ def _ceiling_text(ceilings: Ceilings) -> str:
     return f"{peer}, device copy {ceilings.hbm_gbps:.0f} GB/s"
 
 
-def _merged(rows: list[dict], notes: list[dict], merge, hiddens) -> tuple[list[dict], list[dict]]:
-    """This run's rows and notes folded into the results at ``merge``: the earlier rows are kept but
-    those measured again, and the earlier notes but those this run makes stale."""
+def _merged(rows: list[dict], notes: list[dict], merge, hiddens, scope: str) -> tuple[list[dict], list[dict]]:
+    """This run's rows and notes (``scope``: ``rows_scope``) folded into the results at ``merge``: the
+    earlier rows are kept but those measured again, and the earlier notes but those this run makes
+    stale."""
     measured = {_row_key(r) for r in rows}
     measured_paths = {_row_path(r) for r in rows}
     kept = [r for r in read_rows(merge) if _row_key(r) not in measured]
@@ -164,16 +190,21 @@ def _merged(rows: list[dict], notes: list[dict], merge, hiddens) -> tuple[list[d
         print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
               "run's notes", flush=True)
         return kept + list(rows), notes
-    subjects = {_note_key(n) for n in notes} | {(h, f"{TIME_BUDGET} H={h}") for h in hiddens}
+    subjects = {_note_key(n) for n in notes} | {(h, f"{TIME_BUDGET} H={h}{scope}") for h in hiddens}
 
     def stale(note: dict) -> bool:
-        # A note the new run gave again; what the earlier run left unmeasured for lack of time,
-        # wherever this run measured that hidden size; an earlier skip of a path wherever this run
-        # measured that path (at that hidden size and variant: a path timed in a process of its own,
-        # say, which the main run could not import), or of every M of a path whose rows are kept;
-        # the ceilings of an earlier run of some paths where this run measured them all again.
-        return (_note_key(note) in subjects or _skipped_path(note) in measured_paths
-                or _skips_all_of(note, kept_paths) or _ceilings_of_remeasured(note, measured_paths))
+        # A note the new run gave again (with the same scope). And where the new run is of the
+        # sweep's rows, a note of any scope whose subject it gave; what the earlier run left
+        # unmeasured for lack of time, wherever this run measured that hidden size; an earlier skip of
+        # a path wherever this run measured that path (at that hidden size and variant: a path timed
+        # in a process of its own, say, which the main run could not import), or of every M of a path
+        # whose rows are kept; the ceilings of an earlier run of some paths where this run measured
+        # them all again.
+        if _note_key(note) in subjects:
+            return True
+        note = _unscoped(note)
+        return not scope and (_note_key(note) in subjects or _skipped_path(note) in measured_paths
+                              or _skips_all_of(note, kept_paths) or _ceilings_of_remeasured(note, measured_paths))
 
     return kept + list(rows), [n for n in json.loads(old_notes.read_text()) if not stale(n)] + notes
 
@@ -186,11 +217,12 @@ def write_results(rows, notes, out: Path, gpu: str, tp: int, ceilings: Ceilings,
     """CSV, notes sidecar, plots and summary; with ``merge``, the earlier run's rows and notes are kept
     except those this run measured again (same hc, hidden, variant, M and path; same note subject).
     The speedup columns are taken over the merged rows."""
-    paths = getattr(args, "paths", None)
-    notes = [{"hidden": h, "text": f"{ceilings_subject(h, paths)}: {_ceiling_text(ceilings)}"}
-             for h in args.hidden] + list(notes)
+    paths, scope = getattr(args, "paths", None), rows_scope(args)
+    ceilings_notes = [{"hidden": h, "text": f"{ceilings_subject(h, paths)}: {_ceiling_text(ceilings)}"}
+                      for h in args.hidden]
+    notes = [_scoped(n, scope) for n in ceilings_notes + list(notes)]
     if merge:
-        rows, notes = _merged(rows, notes, merge, args.hidden)
+        rows, notes = _merged(rows, notes, merge, args.hidden, scope)
     # At the CSV's precision before the speedups are taken, so that a merge, which reads them back,
     # derives the same speedups for the rows it keeps.
     rows = [{k: _stored(r.get(k, HC if k == "hc" else None)) for k in COLUMNS} for r in rows]
