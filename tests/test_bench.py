@@ -292,11 +292,15 @@ def test_a_run_of_some_rows_merged_keeps_the_full_runs_notes_beside_its_own(tmp_
     strong tail's forms over every M, its ceilings) stay beside them, and the next full run drops
     both."""
     full, retimed, again = tmp_path / "full", tmp_path / "retimed", tmp_path / "again"
+
+    def forms(text):
+        return [{"hidden": 5120, "text": f"strong tail form plain H=5120: {text}"}]
+
     full_args = SimpleNamespace(calls=50, replays=9, hidden=[5120], rows=DEFAULT_ROWS)
-    write_results(_run_rows(5120, 20.0), [{"hidden": 5120, "text": "strong tail form plain H=5120: looped at M=1-8192"}],
+    write_results(_run_rows(5120, 20.0), forms("looped at M=1-8192"),
                   full, "h100", 1, Ceilings(None, 3000.0), full_args)
     args = SimpleNamespace(calls=50, replays=9, hidden=[5120], rows=[16, 1], merge=str(full / "h100_tp1.csv"))
-    write_results(_run_rows(5120, 30.0), [{"hidden": 5120, "text": "strong tail form plain H=5120: held at M=1, 16"}],
+    write_results(_run_rows(5120, 30.0), forms("held at M=1, 16"),
                   retimed, "h100", 1, Ceilings(None, 3100.0), args, merge=args.merge)
     texts = [n["text"] for n in json.loads((retimed / "h100_tp1_notes.json").read_text())]
     assert texts == ["ceilings for H=5120: no peers (a group of one), device copy 3000 GB/s",
@@ -304,12 +308,12 @@ def test_a_run_of_some_rows_merged_keeps_the_full_runs_notes_beside_its_own(tmp_
                      "ceilings for H=5120 (M=1, 16): no peers (a group of one), device copy 3100 GB/s",
                      "strong tail form plain H=5120 (M=1, 16): held at M=1, 16"]
     # The same re-timing again replaces its own notes only.
-    write_results(_run_rows(5120, 30.0), [{"hidden": 5120, "text": "strong tail form plain H=5120: held at M=1, 16"}],
+    write_results(_run_rows(5120, 30.0), forms("held at M=1, 16"),
                   retimed, "h100", 1, Ceilings(None, 3100.0), args, merge=str(retimed / "h100_tp1.csv"))
     assert [n["text"] for n in json.loads((retimed / "h100_tp1_notes.json").read_text())] == texts
 
     full_args.merge = str(retimed / "h100_tp1.csv")
-    write_results(_run_rows(5120, 25.0), [{"hidden": 5120, "text": "strong tail form plain H=5120: split at M=1-8192"}],
+    write_results(_run_rows(5120, 25.0), forms("split at M=1-8192"),
                   again, "h100", 1, Ceilings(None, 3200.0), full_args, merge=full_args.merge)
     assert [n["text"] for n in json.loads((again / "h100_tp1_notes.json").read_text())] == [
         "ceilings for H=5120: no peers (a group of one), device copy 3200 GB/s",
