@@ -318,3 +318,18 @@ def test_a_run_of_some_rows_merged_keeps_the_full_runs_notes_beside_its_own(tmp_
     assert [n["text"] for n in json.loads((again / "h100_tp1_notes.json").read_text())] == [
         "ceilings for H=5120: no peers (a group of one), device copy 3200 GB/s",
         "strong tail form plain H=5120: split at M=1-8192"]
+
+
+def test_a_run_out_of_time_says_that_the_earlier_rows_of_what_it_left_are_kept(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    args = SimpleNamespace(calls=50, replays=9, hidden=[4096, 5120])
+    write_results(_run_rows(4096, 10.0) + _run_rows(5120, 20.0), [], first, "h200", 1, Ceilings(None, 4000.0), args)
+    args = SimpleNamespace(calls=50, replays=9, hidden=[4096, 5120], merge=str(first / "h200_tp1.csv"))
+    left = [{"hidden": h, "text": f"time budget H={h}: stopped before M=16; not measured: 16"} for h in (4096, 5120)]
+    # Every M of H = 4096 measured again (nothing earlier stays there), only M = 1 of 5120.
+    rows = _run_rows(4096, 12.0) + [r for r in _run_rows(5120, 22.0) if r["m"] == 1]
+    write_results(rows, left, second, "h200", 1, Ceilings(None, 4000.0), args, merge=args.merge)
+    texts = [n["text"] for n in json.loads((second / "h200_tp1_notes.json").read_text()) if "time budget" in n["text"]]
+    assert texts == ["time budget H=4096: stopped before M=16; not measured: 16",
+                     "time budget H=5120: stopped before M=16; not measured: 16 (rows of h200_tp1.csv kept there)"]
+    assert {r["us_median"] for r in read_rows(second / "h200_tp1.csv") if r["hidden"] == 5120 and r["m"] == 16} == {20.0}

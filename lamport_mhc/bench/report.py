@@ -87,6 +87,11 @@ def _unscoped(note: dict) -> dict:
     return note if match is None else {**note, "text": f"{match[1]}{colon}{rest}"}
 
 
+def _is_time_budget(note: dict) -> bool:
+    """Whether ``note`` is a run's note on what it had no time to measure (of any scope)."""
+    return _note_key(_unscoped(note)) == (note["hidden"], f"{TIME_BUDGET} H={note['hidden']}")
+
+
 def skip_note(hidden: int, hc: int, variant: str, path: str, reason: str, ms: list[int]) -> dict:
     """A note for a path that could not run at these rows (``ms``; all of the sweep's: every M)."""
     where = "" if not ms else f" M={_ranges(ms)}"
@@ -185,6 +190,11 @@ def _merged(rows: list[dict], notes: list[dict], merge, hiddens, scope: str) -> 
     # say) keeps the earlier run's rows: its skip is a note beside them, not a skip of the table.
     kept_paths = {_row_path(r) for r in kept} - measured_paths
     notes = [_kept_rows_note(n, Path(merge).name) if _skips_all_of(n, kept_paths) else n for n in notes]
+    # Where this run ran out of time, the earlier rows of the Ms it left stay: its note says so.
+    measured_shapes = {(r["hidden"], r["m"]) for r in rows}
+    left_with_rows = {r["hidden"] for r in kept if (r["hidden"], r["m"]) not in measured_shapes}
+    notes = [{**n, "text": f"{n['text']} (rows of {Path(merge).name} kept there)"}
+             if _is_time_budget(n) and n["hidden"] in left_with_rows else n for n in notes]
     old_notes = notes_path(merge)
     if not old_notes.exists():
         print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
