@@ -56,7 +56,9 @@ def _shape(row: dict) -> tuple:
     return _row_key(row)[:5]
 
 
-TIME_BUDGET = "time budget"  # the subject of the notes on what a run had no time to measure
+def time_budget_subject(hidden: int) -> str:
+    """The subject of a run's note on what it had no time to measure at ``hidden``."""
+    return f"time budget H={hidden}"
 
 
 def _note_key(note: dict) -> tuple:
@@ -89,7 +91,7 @@ def _unscoped(note: dict) -> dict:
 
 def _is_time_budget(note: dict) -> bool:
     """Whether ``note`` is a run's note on what it had no time to measure (of any scope)."""
-    return _note_key(_unscoped(note)) == (note["hidden"], f"{TIME_BUDGET} H={note['hidden']}")
+    return _note_key(_unscoped(note)) == (note["hidden"], time_budget_subject(note["hidden"]))
 
 
 def skip_note(hidden: int, hc: int, variant: str, path: str, reason: str, ms: list[int]) -> dict:
@@ -186,21 +188,22 @@ def _merged(rows: list[dict], notes: list[dict], merge, hiddens, scope: str) -> 
     measured = {_row_key(r) for r in rows}
     measured_paths = {_row_path(r) for r in rows}
     kept = [r for r in read_rows(merge) if _row_key(r) not in measured]
+    merged_name = Path(merge).name
     # A path this run could not run at all (tilekernels-tail where the main run cannot import it,
     # say) keeps the earlier run's rows: its skip is a note beside them, not a skip of the table.
     kept_paths = {_row_path(r) for r in kept} - measured_paths
-    notes = [_kept_rows_note(n, Path(merge).name) if _skips_all_of(n, kept_paths) else n for n in notes]
+    notes = [_kept_rows_note(n, merged_name) if _skips_all_of(n, kept_paths) else n for n in notes]
     # Where this run ran out of time, the earlier rows of the Ms it left stay: its note says so.
     measured_shapes = {(r["hidden"], r["m"]) for r in rows}
     left_with_rows = {r["hidden"] for r in kept if (r["hidden"], r["m"]) not in measured_shapes}
-    notes = [{**n, "text": f"{n['text']} (rows of {Path(merge).name} kept there)"}
+    notes = [{**n, "text": f"{n['text']} (rows of {merged_name} kept there)"}
              if _is_time_budget(n) and n["hidden"] in left_with_rows else n for n in notes]
     old_notes = notes_path(merge)
     if not old_notes.exists():
         print(f"--merge {merge}: no notes beside it ({old_notes.name}); the merged results keep only this "
               "run's notes", flush=True)
         return kept + list(rows), notes
-    subjects = {_note_key(n) for n in notes} | {(h, f"{TIME_BUDGET} H={h}{scope}") for h in hiddens}
+    subjects = {_note_key(n) for n in notes} | {(h, time_budget_subject(h) + scope) for h in hiddens}
 
     def stale(note: dict) -> bool:
         # A note the new run gave again (with the same scope). And where the new run is of the

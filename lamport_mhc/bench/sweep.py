@@ -16,7 +16,7 @@ from .flashinfer_peers import FlashInferPeers
 from .floors import Ceilings, floor_us, tail_bytes
 from .lamport_floor import FLOOR_MAX_ROWS, LamportFloor
 from .names import ALLREDUCE_ALONE, FLASHINFER_FUSED, LAMPORT_FLOOR, STRONG_TAIL, TILEKERNELS_TAIL
-from .report import TAIL_BAR_FROM_M, TIME_BUDGET, skip_note, write_results
+from .report import TAIL_BAR_FROM_M, skip_note, time_budget_subject, write_results
 from .strong_tail import STRATEGIES, StrongFinalize, StrongTail
 from .tilekernels_tail import NORM_FORMS, Agreement, TileKernels
 from .timing import GraphTimer
@@ -215,7 +215,7 @@ class Sweep:
 
     def run_hidden(self, hidden: int, ceilings: Ceilings) -> None:
         if self.stopped:
-            self.note(hidden, f"{TIME_BUDGET} H={hidden}: not measured, the budget ran out before it")
+            self.note(hidden, f"{time_budget_subject(hidden)}: not measured, the budget ran out before it")
             return
         capacity = self.rows_m[-1]
         fused = self._fused_ops(hidden, capacity)
@@ -245,7 +245,7 @@ class Sweep:
                 if self.out_of_time():  # stop cleanly, so what was measured is written
                     self.stopped = True
                     left = [n for n in self.rows_m if n >= m]
-                    self.note(hidden, f"{TIME_BUDGET} H={hidden}: stopped before M={m}; not measured: "
+                    self.note(hidden, f"{time_budget_subject(hidden)}: stopped before M={m}; not measured: "
                                       f"{', '.join(map(str, left))}")
                     self.log(f"time budget spent: H={hidden} stops before M={m}")
                     break
