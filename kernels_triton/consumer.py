@@ -672,7 +672,10 @@ def consumer_kernel(
                 # 39.8; in the benchmark, auto's speedup_vs_best there went from 0.971 to 0.981-0.986).
                 # Skipped by a branch in the loop instead, the loop-carried tile spilled; peeled off a
                 # row of two chunks (the wide twins at H 4096, 7168 quant's), both chunks' code spilled
-                # (one H100, H 4096 quant M = 512: 22.0 us against 13.4).
+                # (one H100, H 4096 quant M = 512: 22.0 us against 13.4). Predicated off in rows of two chunks
+                # (a masked load: 24-33 instructions more a chunk, its registers zeroed), the wide twins at
+                # H 4096 gained where hinted from 1024 rows (one H100, quant M = 1024 / 4096 31.0 / 128.6 us
+                # against 32.3 / 138.6) and lost at 256 rows, hinted or not (quant 5.48 against 5.27 unhinted).
                 PEELED: tl.constexpr = PREFETCH and CHUNKS > 2
                 LOOPED: tl.constexpr = CHUNKS - 1 if PEELED else CHUNKS
                 if PREFETCH:
