@@ -8,7 +8,7 @@ none``; ncu's default flushes L2 before each kernel, which measures a cold call 
         python bench/profile_forms.py --rows 5120:quant:1024 4096:plain:128 --fused auto,wide-hinted --strong looped
     ncu --clock-control none --profile-from-start off --cache-control none --replay-mode application \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \\
-        python bench/profile_forms.py --rows ...          (warm: every pass a run of its own)
+        python bench/profile_forms.py --rows ...          (every pass a run of its own: see below)
 
 Under ncu's default kernel replay a profile of several passes is not warm: each further pass runs
 over the L2 that the pass before and ncu's memory restore left. These four metrics took three passes
