@@ -676,6 +676,9 @@ def consumer_kernel(
                 # (a masked load: 24-33 instructions more a chunk, its registers zeroed), the wide twins at
                 # H 4096 gained where hinted from 1024 rows (one H100, quant M = 1024 / 4096 31.0 / 128.6 us
                 # against 32.3 / 138.6) and lost at 256 rows, hinted or not (quant 5.48 against 5.27 unhinted).
+                # Loaded from one address a warp instead (offsets times a live flag, contiguity hinted:
+                # LDG.128 kept, no spill), it measured within the noise of the reload (one H100, H 4096
+                # wide, medians of two rounds: quant M = 256 / 512 5.47 / 13.46 us against 5.40 / 13.47).
                 PEELED: tl.constexpr = PREFETCH and CHUNKS > 2
                 LOOPED: tl.constexpr = CHUNKS - 1 if PEELED else CHUNKS
                 if PREFETCH:
