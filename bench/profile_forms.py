@@ -8,7 +8,7 @@ none``; ncu's default flushes L2 before each kernel, which measures a cold call 
         python bench/profile_forms.py --rows 5120:quant:1024 4096:plain:128 --fused auto,wide-hinted --strong looped
     ncu --clock-control none --profile-from-start off --cache-control none --replay-mode application \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \\
-        python bench/profile_forms.py --rows ...          (every pass a run of its own: see below)
+        python bench/profile_forms.py --rows ...          (warm, every pass a run of its own: see below)
 
 Under ncu's default kernel replay a profile of several passes is not warm: each further pass runs
 over the L2 that the pass before and ncu's memory restore left. These four metrics took three passes
@@ -16,7 +16,8 @@ on one H100, and at H 4096 M = 512 both tails read 21.05 MB from DRAM, every byt
 streams, as a cold call does; with nine metrics, every input byte was read from DRAM under
 ``--cache-control none`` as under ``all`` (H 5120 plain M = 100: 5.15 MB). ``--replay-mode
 application`` makes every pass a run of its own, the profiled call after its ``--calls-before``
-calls (not yet measured: check that the bytes read fall below the inputs' where they fit in L2).
+calls: on one H100 the same four metrics (three passes) read 14.0-18.9 MB at H 4096 M = 512, plain
+and quant, fused wide and strong looped, L2 hit rates 58-66%.
 
 It prints the profiled calls in order (ncu's IDs), each fused form with the kernel it launched.
 """
