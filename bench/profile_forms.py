@@ -16,8 +16,8 @@ on one H100, and at H 4096 M = 512 both tails read 21.05 MB from DRAM, every byt
 streams, as a cold call does; with nine metrics, every input byte was read from DRAM under
 ``--cache-control none`` as under ``all`` (H 5120 plain M = 100: 5.15 MB). ``--replay-mode
 application`` makes every pass a run of its own, the profiled call after its ``--calls-before``
-calls: on one H100 the same four metrics (three passes) read 14.0-18.9 MB at H 4096 M = 512, plain
-and quant, fused wide and strong looped, L2 hit rates 58-66%.
+calls: the same four metrics on the same H100 then read 14.0-18.9 MB at H 4096 M = 512 (plain and
+quant, fused wide and strong looped; L2 hit rates 58-66%).
 
 It prints the profiled calls in order (ncu's IDs), each fused form with the kernel it launched.
 """
