@@ -59,8 +59,11 @@ COOPERATIVE_PROGRAMS_PER_SM = 7
 # M = 104 / 108 / 110 6.16-6.29, 6.45, 6.48-6.58 against 5.70-5.75, 5.76-5.92, 5.79-5.84, but M = 100
 # 5.10-5.22 against 5.81-5.83; one H200, one round, M = 101 / 104 / 108 5.23 / 5.67, 6.07 / 5.67,
 # 6.25 / 5.60: at 7168 it takes the calls up to its resident clusters only (plain too: M = 105 above).
+# H = 5120 plain, later kernels, one H200, two rounds, us cooperative / the wide twin: M = 64 2.78 /
+# 3.65, 100 4.07-4.15 / 3.74-3.85, 128 4.08-4.14 / 3.88-3.92 (strong 3.88-3.97, 4.08-4.10): the wide
+# twin takes the calls above 0.7 rows per SM to one (``LOCAL_X_WIDE_ROWS_PER_SM``), as on the H100.
 LOCAL_X_COOPERATIVE_ROWS_PER_SM = {(4, "plain"): ((0, 0.85), (1, 1.25)), (4, "quant"): ((0, 0.85), (1, 1.35)),
-                                   (5, "plain"): ((0, 1.5),), (5, "quant"): ((0, 1.5),),
+                                   (5, "plain"): ((0, 0.7), (1, 1.5)), (5, "quant"): ((0, 1.5),),
                                    (7, "plain"): ((0, 0.77), (1, 1.35)), (7, "quant"): ((0, 0.77), (1, 1.5))}
 
 # The local calls of x take the cooperative form's capped twin, past the uncapped one's resident
@@ -105,7 +108,8 @@ FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM = 4.25
 # where the windows above hold other calls. One H200, tp = 1, CUDA graphs, us wide / parked, two
 # runs: H = 4096 plain M = 448 / 512 7.42 / 8.02, 9.08 / 9.65 and 9.16 / 9.54 (but M = 384 7.18 /
 # 6.70), quant 9.53 / 9.83, 10.94 / 11.11; H = 5120 plain (three chunks of 2048, the last half
-# masked) M = 224 / 256 6.36 / 6.08, 6.27 / 6.38 and 6.33 / 6.21: no wide twin for few rows; H = 7168
+# masked) M = 224 / 256 6.36 / 6.08, 6.27 / 6.38 and 6.33 / 6.21: the wide twin only to one row per
+# SM (M = 100 / 128 above, ``LOCAL_X_COOPERATIVE_ROWS_PER_SM``); H = 7168
 # quant's four-chunk twin (16 warps) while an SM holds one: M = 128 / 132 6.12 / 6.68, 6.76 / 7.01
 # against the capped cooperative form, and 6.15 / 6.74, but M = 160 10.66 / 8.88 (parked). H = 5120
 # and 7168 plain from 5.5 rows per SM (one wave of 8 parked programs per SM is still faster), us
@@ -116,7 +120,7 @@ FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM = 4.25
 # 23.09 / 22.64 (22.58 / 22.34), 28.10 / 28.71, 43.18 / 42.49.
 # H = 7168 quant, a second wave of the four-chunk twin at 1.5-2 rows per SM (the cooperative form takes
 # the calls between 1 and 1.5): M = 256, two runs, 9.51 / 10.21 and 9.81 / 10.65 (parked).
-LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "plain"): (0, 5.5), (7, "plain"): (2, 5.5),
+LOCAL_X_WIDE_ROWS_PER_SM = {(4, "plain"): (2, 3), (4, "quant"): (2, 3), (5, "plain"): (1, 5.5), (7, "plain"): (2, 5.5),
                             (7, "quant"): (2, FOUR_CHUNK_WIDE_MIN_ROWS_PER_SM)}
 
 # The local calls of x take the held twin, where the plan has one, also in these windows of rows per
@@ -199,7 +203,6 @@ MODEL_WINDOWS: dict[str, dict[str, dict[tuple[int, str], tuple]]] = {
     "h100": {
         "cooperative": {(4, "plain"): ((0, 0.85), (1, 1.25), (9, 64)), (4, "quant"): ((0, 0.85), (1, 1.35), (11, 64)),
                         (5, "plain"): ((0, 0.7), (12, 16)), (5, "quant"): ((0, 1.5), (12, 16))},
-        "wide": {(5, "plain"): (1, 5.5)},
         "parked": {(4, "plain"): (), (5, "plain"): (), (7, "plain"): ()},
         "broad": {(7, "plain"): ((0.85, 1.0), (7, 8), (11, 16))},
         "hinted_broad_held": {(4, "quant"): ((7, 8),)},

@@ -91,7 +91,7 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
     ("hopper", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H200_TP1,
         routes={"plain": ((2048, "triton"), (8192, "cute"),),
-                "finalize": ((512, "triton"), (8192, "cute"),),
+                "finalize": ((256, "triton"), (8192, "cute"),),
                 "quant": ((8192, "triton"),)}),
     ("h100", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,

@@ -238,7 +238,7 @@ def _on_132_sms(hidden: int, model: str | None = None):
 
 
 @pytest.mark.parametrize("hidden,plain,quant,finalize", [
-    (4096, ((0, 112), (132, 165)), ((0, 112), (132, 178)), 184), (5120, ((0, 198),), ((0, 198),), 231),
+    (4096, ((0, 112), (132, 165)), ((0, 112), (132, 178)), 184), (5120, ((0, 92), (132, 198)), ((0, 198),), 231),
     (7168, ((0, 101), (132, 178)), ((0, 101), (132, 198)), 231), (1408, ((0, 308),), ((0, 308),), 308)])
 def test_local_calls_take_the_cooperative_form_as_measured(hidden, plain, quant, finalize):
     """On 132 SMs the local calls take the cooperative form in the windows of rows per SM measured for
@@ -373,7 +373,7 @@ def test_local_calls_take_the_wide_twins_outside_their_window():
 
 
 @pytest.mark.parametrize("hidden,variant,local_x,window", [
-    (4096, "plain", True, (264, 396)), (4096, "quant", True, (264, 396)), (5120, "plain", True, (0, 726)),
+    (4096, "plain", True, (264, 396)), (4096, "quant", True, (264, 396)), (5120, "plain", True, (132, 726)),
     (7168, "plain", True, (264, 726)), (7168, "quant", True, (264, 561)),
     (4096, "plain", False, (264, 528)), (5120, "plain", False, (264, UNBOUNDED)), (1408, "plain", True, (264, 528))])
 def test_wide_windows_as_measured(hidden, variant, local_x, window):
@@ -409,8 +409,10 @@ def _local_forms_of_x(kernels, variant: str, rows) -> dict[int, str]:
                      111: "local_quant_broad_held_streamed",
                      132: "local_quant_broad_held_streamed", 133: "local_quant_split", 256: "local_quant_wide",
                      300: "local_quant"}),
-    (5120, "plain", {256: "local_plain", 1000: "local_plain", 1536: "local_plain_wide", 2048: "local_plain",
-                     4096: "local_plain_wide"}),
+    # H = 5120 plain: cooperative to 0.7 rows per SM, the wide twin to one, cooperative again to 1.5.
+    (5120, "plain", {92: "local_plain_split", 93: "local_plain_wide", 132: "local_plain_wide",
+                     133: "local_plain_split", 198: "local_plain_split", 199: "local_plain", 256: "local_plain",
+                     1000: "local_plain", 1536: "local_plain_wide", 2048: "local_plain", 4096: "local_plain_wide"}),
 ])
 def test_local_calls_of_x_take_the_forms_of_their_measured_windows(hidden, variant, rows):
     """On 132 SMs (unhinted calls): the broad twins in ``LOCAL_X_BROAD_ROWS_PER_SM`` and
