@@ -61,7 +61,8 @@ COOPERATIVE_PROGRAMS_PER_SM = 7
 # 6.25 / 5.60: at 7168 it takes the calls up to its resident clusters only (plain too: M = 105 above).
 # H = 5120 plain, later kernels, one H200, two rounds, us cooperative / the wide twin: M = 64 2.78 /
 # 3.65, 100 4.07-4.15 / 3.74-3.85, 128 4.08-4.14 / 3.88-3.92 (strong 3.88-3.97, 4.08-4.10): the wide
-# twin takes the calls above 0.7 rows per SM to one (``LOCAL_X_WIDE_ROWS_PER_SM``), as on the H100.
+# twin takes the calls above 0.7 rows per SM to one (``LOCAL_X_WIDE_ROWS_PER_SM``), the edge the H100
+# measured (M = 72-88 below: ``MODEL_WINDOWS``); no H200 has timed M = 65-99.
 LOCAL_X_COOPERATIVE_ROWS_PER_SM = {(4, "plain"): ((0, 0.85), (1, 1.25)), (4, "quant"): ((0, 0.85), (1, 1.35)),
                                    (5, "plain"): ((0, 0.7), (1, 1.5)), (5, "quant"): ((0, 1.5),),
                                    (7, "plain"): ((0, 0.77), (1, 1.35)), (7, "quant"): ((0, 0.77), (1, 1.5))}
