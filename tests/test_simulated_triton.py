@@ -536,22 +536,23 @@ def test_quant_calls_of_many_rows_take_the_four_chunk_wide_twin():
     assert launched == ["local_quant_wide", "local_plain_wide", "local_quant_wide"]
 
 
-@pytest.mark.parametrize("hidden,capped_rows,most", [(4096, 0, 160), (5120, 184, 190), (7168, UNBOUNDED, 170)])
-def test_local_calls_of_x_take_the_capped_twin_as_measured(hidden, capped_rows, most):
+@pytest.mark.parametrize("hidden,capped_rows,resident,most", [(4096, 0, 100, 160), (5120, 184, 140, 190),
+                                                               (7168, UNBOUNDED, 100, 170)])
+def test_local_calls_of_x_take_the_capped_twin_as_measured(hidden, capped_rows, resident, most):
     """On 132 SMs the local cooperative calls of x past the uncapped form's resident clusters take
     the capped twin only from 1.4 rows per SM at H = 5120 and never at 7168 (unmeasured widths: from
     the resident clusters); the finalize's from the resident clusters."""
     kernels = _on_132_sms(hidden)
     assert kernels.local_x_capped_rows == capped_rows
     launched = _chosen_kernels(kernels)  # a cooperative call: mix, then normalize
-    kernels._spreads["local_plain_split"] = (None, 0, (Spread(ctas_per_sm=8, clusters=100, shared_bytes=0),))
+    kernels._spreads["local_plain_split"] = (None, 0, (Spread(ctas_per_sm=8, clusters=resident, shared_bytes=0),))
     kernels._spreads["local_finalize_plain_split"] = kernels._spreads["local_plain_split"]
-    rows = (100, 101, most)  # 100 clusters resident; every call in a cooperative window
+    rows = (resident, resident + 1, most)  # every call in a cooperative window
     for m in rows:
         kernels._launch_consumer("local_plain", m, local=True, local_x=True)
         kernels._launch_consumer("local_finalize_plain", m, local=True)
-    assert launched[::4] == launched[1::4] == [f"local_plain_split{'_capped' if 100 < m and capped_rows < m else ''}"
-                                               for m in rows]
+    assert launched[::4] == launched[1::4] == [
+        f"local_plain_split{'_capped' if resident < m and capped_rows < m else ''}" for m in rows]
     assert launched[2::4] == launched[3::4] == ["local_finalize_plain_split"] + ["local_finalize_plain_split_capped"] * 2
 
 
