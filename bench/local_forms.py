@@ -4,7 +4,7 @@ not, against the strong tail's forms at the same rows, in one run; the data behi
 
     torchrun --nproc-per-node 1 bench/local_forms.py --rows 4096:plain:128 7168:quant:256 [--rounds 2]
         [--fused auto,wide,wide-hinted] [--strong looped,looped-streamed,wide-streamed]
-        [--strong-allocates] [--no-pdl] [--cold] [--out forms.json]
+        [--strong-allocates] [--no-pdl] [--cold] [--special-values] [--out forms.json]
 
 Each row prints every form's median us (50 calls a CUDA graph, 5 replays, the row's graphs replayed
 in turns, each after an untimed replay of its own; a form the plan lacks is the form the call would
@@ -19,6 +19,9 @@ each compared with a run without it:
 A third, ``--cold``, times both sides with the graph's calls reading copies of the row's inputs in
 turn (``ColdRows``: three times the L2 in all), each from HBM, and allocating their outputs: what
 the L2 gives each side, where the calls otherwise read the same inputs, from L2 once the row fits.
+The rows' values are finite, as a model's are; ``--special-values`` draws them with the tests' edge
+cases instead, whose sums of squares overflow in every row: what the exact norm's slow paths (IEEE
+division and square root) cost the fused forms, where the strong tail's approximate rsqrt has none.
 """
 
 from __future__ import annotations
@@ -53,15 +56,15 @@ def digest(tensors) -> str:
 
 
 def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, device, pdl=True,
-                strong_allocates=False, cold=False) -> dict:
-    inputs = row_inputs(hidden, variant, m, device)
+                strong_allocates=False, cold=False, specials=False) -> dict:
+    inputs = row_inputs(hidden, variant, m, device, specials=specials)
     x, consumer, _, _ = inputs
     kernels, row = forcer.kernels, dict(hidden=hidden, variant=variant, m=m, fused={}, kernel={}, strong={})
     copies = None
     if cold:
         l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
         copies = ColdRows(inputs, ColdRows.cold_count(ColdRows.row_bytes(inputs), l2_bytes, CALLS),
-                          lambda: row_inputs(hidden, variant, m, device))
+                          lambda: row_inputs(hidden, variant, m, device, specials=specials))
         row["copies"] = len(copies.rows)
 
     def next_inputs():
@@ -123,6 +126,9 @@ def main() -> int:
                         help="the calls read copies of the row's inputs in turn (three times the L2 in all), "
                              "each from HBM, and both sides allocate their outputs (default: every call reads "
                              "the same inputs)")
+    parser.add_argument("--special-values", action="store_true",
+                        help="rows drawn with the tests' special values (testing.random_inputs), whose sums of "
+                             "squares overflow: what the exact norm's slow paths cost (default: finite values)")
     parser.add_argument("--out", type=Path, help="every measurement as JSON")
     args = parser.parse_args()
     dist.init_process_group("nccl")
@@ -135,9 +141,10 @@ def main() -> int:
     for turn in range(args.rounds):
         for hidden, variant, m in args.rows:
             row = measure_row(ops[hidden], forcers[hidden], hidden, variant, m, args.fused, args.strong, device,
-                              pdl=not args.no_pdl, strong_allocates=args.strong_allocates, cold=args.cold)
+                              pdl=not args.no_pdl, strong_allocates=args.strong_allocates, cold=args.cold,
+                              specials=args.special_values)
             row["round"], row["pdl"], row["strong_allocates"] = turn, not args.no_pdl, args.strong_allocates
-            row["cold"] = args.cold
+            row["cold"], row["special_values"] = args.cold, args.special_values
             results.append(row)
             ok &= row["same_bits"]
             fused = min(row["fused"], key=row["fused"].get)

@@ -42,19 +42,24 @@ def permuted_routes(m: int, top_k: int, generator: torch.Generator, device=None)
 
 
 def random_inputs(tp: int, m: int, hidden: int, hc: int, *, seed: int, top_k: int = 0, gemm2_rows: int = 0,
-                  permuted: bool = False, zero_row: bool = True, device="cpu", drawn_on_device: bool = False) -> dict:
+                  permuted: bool = False, zero_row: bool = True, specials: bool = True, device="cpu",
+                  drawn_on_device: bool = False) -> dict:
     """Per-rank ``xs`` (and, with top_k, finalize inputs ``gemm2s, weights, idxs, shareds``) plus the
     shared consumer inputs of one call. Row 0 is all zero in every input when ``zero_row``. The
     finalize's routes pick GEMM2 rows at random (repeats included: a test of the gather), or with
     ``permuted`` as an engine's permutation does (``permuted_routes``: what a benchmark should read).
+    ``specials``: a 64th of the activations' values (x, the streams, GEMM2 rows, the shared expert)
+    are edge cases (-0.0, subnormals, -2.5e38), for the tests. A benchmark draws without them: with
+    them every row's sum of squares overflows, which sends the contract's exact division and square
+    root down their slow paths in every row, where a model's finite activations never go.
     ``drawn_on_device``: drawn by ``device``'s generator (fast for large pools; other values than
     the CPU's for the same seed)."""
     if permuted and gemm2_rows:
         raise ValueError("gemm2_rows is for random routes; permuted routes have a row per held route")
     where = torch.device(device) if drawn_on_device else torch.device("cpu")
     g = torch.Generator(device=where).manual_seed(seed)
-    xs = [_bf16((m, hidden), g) for _ in range(tp)]
-    residual = _bf16((m, hc, hidden), g)
+    xs = [_bf16((m, hidden), g, specials=specials) for _ in range(tp)]
+    residual = _bf16((m, hc, hidden), g, specials=specials)
     post = torch.rand((m, hc), generator=g, device=where) * 2
     comb = torch.rand((m, hc, hc), generator=g, device=where)
     pre = torch.rand((m, hc), generator=g, device=where)
@@ -62,19 +67,19 @@ def random_inputs(tp: int, m: int, hidden: int, hc: int, *, seed: int, top_k: in
     inputs = dict(xs=xs, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
     if top_k and permuted:
         idxs = [permuted_routes(m, top_k, g, where) for _ in range(tp)]
-        inputs["gemm2s"] = [_bf16((max(1, int((idx >= 0).sum())), hidden), g) for idx in idxs]
+        inputs["gemm2s"] = [_bf16((max(1, int((idx >= 0).sum())), hidden), g, specials=specials) for idx in idxs]
         inputs["weights"] = [torch.rand((m, top_k), generator=g, device=where) for _ in range(tp)]
         inputs["idxs"] = idxs
     elif top_k:
         rows = gemm2_rows or max(1, m * top_k // 2)
-        inputs["gemm2s"] = [_bf16((rows, hidden), g) for _ in range(tp)]
+        inputs["gemm2s"] = [_bf16((rows, hidden), g, specials=specials) for _ in range(tp)]
         inputs["weights"] = [torch.rand((m, top_k), generator=g, device=where) for _ in range(tp)]
         idxs = [torch.randint(0, rows, (m, top_k), generator=g, dtype=torch.int32, device=where) for _ in range(tp)]
         for idx in idxs:  # the routes another EP rank holds
             idx[torch.rand((m, top_k), generator=g, device=where) >= HELD_ROUTE_FRACTION] = -1
         inputs["idxs"] = idxs
     if top_k:
-        inputs["shareds"] = [_bf16((m, hidden), g) for _ in range(tp)]
+        inputs["shareds"] = [_bf16((m, hidden), g, specials=specials) for _ in range(tp)]
     if zero_row:
         for name, value in inputs.items():
             if name in ("xs", "shareds"):

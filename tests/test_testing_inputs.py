@@ -49,3 +49,24 @@ def test_permuted_routes_read_every_held_row_once():
         assert gemm2.shape[0] == int((idx >= 0).sum()) and idx.unique().numel() == gemm2.shape[0] + 1
     with pytest.raises(ValueError, match="gemm2_rows"):
         random_inputs(1, 4, 256, 4, seed=1, top_k=6, permuted=True, gemm2_rows=8)
+
+
+def test_benchmark_rows_keep_the_norm_on_its_fast_path():
+    """The benchmarks time a model's finite activations: with the tests' special values every row's sum
+    of squares overflows and the exact norm takes its slow paths, which such rows never do."""
+    from lamport_mhc.bench.local_forms import row_inputs
+    from lamport_mhc.reference import post_mix, pre_mix
+
+    def sums_of_squares(inputs):
+        prenorm = pre_mix(post_mix(inputs["xs"][0], inputs["residual"], inputs["post"], inputs["comb"]), inputs["pre"])
+        return prenorm.float().square().sum(-1)
+
+    drawn = dict(seed=5, top_k=6, permuted=True, zero_row=False)
+    assert not torch.isfinite(sums_of_squares(random_inputs(1, 16, 1024, 4, **drawn))).any()
+    finite = random_inputs(1, 16, 1024, 4, specials=False, **drawn)
+    for name in ("xs", "residual", "gemm2s", "shareds"):
+        for t in finite[name] if isinstance(finite[name], list) else [finite[name]]:
+            assert torch.isfinite(t).all() and (t.view(torch.int16) & 0x7F80).ne(0).all(), name  # no subnormal
+    assert torch.isfinite(sums_of_squares(finite)).all()
+    x, (residual, *_), _, _ = row_inputs(1024, "plain", 16, torch.device("cpu"))
+    assert torch.isfinite(x).all() and torch.isfinite(residual).all()

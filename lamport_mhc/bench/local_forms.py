@@ -134,17 +134,18 @@ def kernel_launched(kernels, call):
     return result, launched[-1]
 
 
-def row_inputs(hidden: int, variant: str, m: int, device, hc: int = HC, top_k: int = TOP_K, eps: float = EPS):
-    """A timed row's inputs, drawn on ``device`` (seeded by ``m``, no zero row, the finalize's routes
-    permuted): (x, the consumer's arguments from the streams to eps, the MXFP8 outputs or None, the
-    finalize's inputs or None)."""
+def row_inputs(hidden: int, variant: str, m: int, device, hc: int = HC, top_k: int = TOP_K, eps: float = EPS,
+               specials: bool = False):
+    """A timed row's inputs, drawn on ``device`` (seeded by ``m``, finite as a model's unless
+    ``specials``, no zero row, the finalize's routes permuted): (x, the consumer's arguments from the
+    streams to eps, the MXFP8 outputs or None, the finalize's inputs or None)."""
     import torch
 
     from ..mxfp8 import mxfp8_scale_bytes
     from ..testing import random_inputs
 
     inputs = random_inputs(1, m, hidden, hc, seed=m, top_k=top_k if variant == "finalize" else 0, permuted=True,
-                           zero_row=False, device=device, drawn_on_device=True)
+                           zero_row=False, specials=specials, device=device, drawn_on_device=True)
     consumer = (inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"], inputs["norm_weight"], eps)
     mxfp8 = None
     if variant == "quant":

@@ -561,9 +561,10 @@ class _Shape:
 
         self.sweep, self.hidden, self.variant, self.m = sweep, hidden, variant, m
         args, device, rank = sweep.args, sweep.device, sweep.rank
-        # The finalize reads GEMM2 rows as an engine lays them out: one per held route, none twice.
+        # The finalize reads GEMM2 rows as an engine lays them out: one per held route, none twice; the
+        # values are a model's, finite (``random_inputs``' specials send the exact norm down slow paths).
         inputs = random_inputs(sweep.tp, m, hidden, sweep.hc, seed=m, top_k=args.top_k if variant == "finalize" else 0,
-                               permuted=True, zero_row=False, device=device)
+                               permuted=True, zero_row=False, specials=False, device=device)
         if sweep.hc == 1:  # the op is then all-reduce + residual add + RMSNorm, FlashInfer's fusion
             for name in ("post", "comb", "pre"):
                 inputs[name].fill_(1.0)
