@@ -57,14 +57,16 @@ def digest(tensors) -> str:
 
 def measure_row(op, forcer, hidden, variant, m, fused_forms, strong_forms, device, pdl=True,
                 strong_allocates=False, cold=False, specials=False) -> dict:
-    inputs = row_inputs(hidden, variant, m, device, specials=specials)
+    def draw():
+        return row_inputs(hidden, variant, m, device, specials=specials)
+
+    inputs = draw()
     x, consumer, _, _ = inputs
     kernels, row = forcer.kernels, dict(hidden=hidden, variant=variant, m=m, fused={}, kernel={}, strong={})
     copies = None
     if cold:
         l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-        copies = ColdRows(inputs, ColdRows.cold_count(ColdRows.row_bytes(inputs), l2_bytes, CALLS),
-                          lambda: row_inputs(hidden, variant, m, device, specials=specials))
+        copies = ColdRows(inputs, ColdRows.cold_count(ColdRows.row_bytes(inputs), l2_bytes, CALLS), draw)
         row["copies"] = len(copies.rows)
 
     def next_inputs():
