@@ -95,19 +95,19 @@ PRESETS: dict[tuple[str, int, int], Preset] = {
                 "quant": ((8192, "triton"),)}),
     ("h100", 1, 4096): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
-        routes={"plain": ((8192, "triton"),),
-                "finalize": ((1000, "triton"), (8192, "cute"),),
+        routes={"plain": ((1000, "triton"), (8192, "cute"),),
+                "finalize": ((512, "triton"), (8192, "cute"),),
                 "quant": ((8192, "triton"),)}),
     ("h100", 1, 5120): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
         routes={"plain": ((8192, "triton"),),
-                "finalize": ((1024, "triton"), (8192, "cute"),),
-                "quant": ((2048, "triton"), (8192, "cute"),)}),
+                "finalize": ((256, "triton"), (8192, "cute"),),
+                "quant": ((256, "triton"), (8192, "cute"),)}),
     ("h100", 1, 7168): Preset(
         bt_min_rows=NEVER, bt_min_finalize_rows=NEVER, backends=("triton", "cute"), source=H100_TP1,
-        routes={"plain": ((8192, "triton"),),
+        routes={"plain": ((2048, "triton"), (8192, "cute"),),
                 "finalize": ((1024, "triton"), (8192, "cute"),),
-                "quant": ((8192, "triton"),)}),
+                "quant": ((256, "triton"), (8192, "cute"),)}),
     ("hopper", 2, 4096): Preset(
         bt_min_rows=4, bt_min_finalize_rows=32, backends=("cute", "triton"), source=H200_TP2,
         routes={"plain": ((128, "cute"), (256, "triton"), (8192, "cute"),),
