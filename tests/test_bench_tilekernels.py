@@ -277,6 +277,13 @@ def test_a_main_run_merged_over_the_paths_rows_keeps_them_and_notes_its_skip(tmp
     paths = [r["path"] for r in read_rows(tmp_path / "third" / "cpu_tp1.csv")]
     assert sorted(paths) == ["auto", TILEKERNELS_TAIL]
 
+    # The path timed alone again, merged over that: its new rows leave no note that they were kept.
+    write_results([{**row, "us_median": 2.5}], [], tmp_path / "fourth", "cpu", 1, Ceilings(None, 1000.0), args,
+                  args.merge)
+    notes = json.loads((tmp_path / "fourth" / "cpu_tp1_notes.json").read_text())
+    assert not [n["text"] for n in notes if "kept" in n["text"]]
+    assert [n["skipped"]["variant"] for n in notes if "skipped" in n] == ["quant"]
+
 
 def _sweep_body(rank, tp, out):
     """The sweep of the path alone on gloo ranks, tile-kernels' stand-in, the kernels interpreted and

@@ -130,10 +130,18 @@ def _skips_all_of(note: dict, paths: set) -> bool:
 
 
 def _kept_rows_note(note: dict, merged_name: str) -> dict:
-    """A skip note of this run, where the rows of the merged table are kept for its path."""
+    """A skip note of this run, where the rows of the merged table are kept for its path; it names
+    the path (``kept``) so that a later run that measures it drops the note."""
     s = note["skipped"]
     return {"hidden": note["hidden"], "text": f"{s['path']} hc={s['hc']} {s['variant']} H={note['hidden']}: rows of "
-                                              f"{merged_name} kept (not run here: {s['reason']})"}
+                                              f"{merged_name} kept (not run here: {s['reason']})",
+            "kept": {"hc": s["hc"], "variant": s["variant"], "path": s["path"]}}
+
+
+def _kept_path(note: dict) -> tuple | None:
+    """(hidden, hc, variant, path) of a ``_kept_rows_note``, or None for another note."""
+    kept = note.get("kept")
+    return None if kept is None else (note["hidden"], kept["hc"], kept["variant"], kept["path"])
 
 
 def with_speedups(rows: list[dict]) -> list[dict]:
@@ -211,13 +219,14 @@ def _merged(rows: list[dict], notes: list[dict], merge, hiddens, scope: str) -> 
         # unmeasured for lack of time, wherever this run measured that hidden size; an earlier skip of
         # a path wherever this run measured that path (at that hidden size and variant: a path timed
         # in a process of its own, say, which the main run could not import), or of every M of a path
-        # whose rows are kept; the ceilings of an earlier run of some paths where this run measured
+        # whose rows are kept; an earlier run's note that it kept a path's rows, where this run
+        # measured that path; the ceilings of an earlier run of some paths where this run measured
         # them all again.
         if _note_key(note) in subjects:
             return True
         note = _unscoped(note)
         return not scope and (_note_key(note) in subjects or _skipped_path(note) in measured_paths
-                              or _skips_all_of(note, kept_paths) or _ceilings_of_remeasured(note, measured_paths))
+                              or _kept_path(note) in measured_paths or _skips_all_of(note, kept_paths) or _ceilings_of_remeasured(note, measured_paths))
 
     return kept + list(rows), [n for n in json.loads(old_notes.read_text()) if not stale(n)] + notes
 
