@@ -113,10 +113,11 @@ def _ranges(ms) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in groups)
 
 
-def _skipped_path(note: dict) -> tuple | None:
-    """(hidden, hc, variant, path) of a skip note, or None for another note."""
-    skipped = note.get("skipped")
-    return None if skipped is None else (note["hidden"], skipped["hc"], skipped["variant"], skipped["path"])
+def _skipped_path(note: dict, field: str = "skipped") -> tuple | None:
+    """(hidden, hc, variant, path) of a skip note (``field="kept"``: of a ``_kept_rows_note``), or None
+    for another note."""
+    of = note.get(field)
+    return None if of is None else (note["hidden"], of["hc"], of["variant"], of["path"])
 
 
 def _row_path(row: dict) -> tuple:
@@ -136,12 +137,6 @@ def _kept_rows_note(note: dict, merged_name: str) -> dict:
     return {"hidden": note["hidden"], "text": f"{s['path']} hc={s['hc']} {s['variant']} H={note['hidden']}: rows of "
                                               f"{merged_name} kept (not run here: {s['reason']})",
             "kept": {"hc": s["hc"], "variant": s["variant"], "path": s["path"]}}
-
-
-def _kept_path(note: dict) -> tuple | None:
-    """(hidden, hc, variant, path) of a ``_kept_rows_note``, or None for another note."""
-    kept = note.get("kept")
-    return None if kept is None else (note["hidden"], kept["hc"], kept["variant"], kept["path"])
 
 
 def with_speedups(rows: list[dict]) -> list[dict]:
@@ -226,7 +221,8 @@ def _merged(rows: list[dict], notes: list[dict], merge, hiddens, scope: str) -> 
             return True
         note = _unscoped(note)
         return not scope and (_note_key(note) in subjects or _skipped_path(note) in measured_paths
-                              or _kept_path(note) in measured_paths or _skips_all_of(note, kept_paths) or _ceilings_of_remeasured(note, measured_paths))
+                              or _skipped_path(note, "kept") in measured_paths or _skips_all_of(note, kept_paths)
+                              or _ceilings_of_remeasured(note, measured_paths))
 
     return kept + list(rows), [n for n in json.loads(old_notes.read_text()) if not stale(n)] + notes
 
