@@ -158,17 +158,15 @@ def _model_ab(args) -> int:
     else:
         import torch.distributed as dist
 
-        cuda = torch.cuda.is_available()
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if cuda:
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if cuda else "gloo")
-        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        from .launch import join_torchrun_group
+
+        place = join_torchrun_group()
         try:
-            result = distributed_ab(config, args.tokens, args.seed, backends, device,
+            result = distributed_ab(config, args.tokens, args.seed, backends, place.device,
                                     cuda_graph=(False, args.cuda_graph))
         finally:
             dist.destroy_process_group()
+        print(place.describe())
     for line in result.report():
         print(line)
     return 1 if result.differences else 0

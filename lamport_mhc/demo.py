@@ -18,7 +18,8 @@ EPS = 1e-20  # DeepSeek-V4.1's rms_norm_eps: the edge the contract must survive
 
 
 def _cases(capacity: int, bt_min_rows: int):
-    sizes = sorted({1, 3, bt_min_rows, capacity})
+    """Every variant at M = 1, 3, the first BT row (where the build has one) and the capacity."""
+    sizes = sorted({m for m in (1, 3, bt_min_rows, capacity) if m <= capacity})
     for variant in ("plain", "finalize", "quant", "residual"):
         for m in sizes:
             yield variant, m
@@ -65,15 +66,12 @@ def run_distributed(args) -> int:
     import torch.distributed as dist
 
     from . import AllReduceMHC, AllReduceMHCConfig
+    from .launch import join_torchrun_group
     from .mxfp8 import mxfp8_scale_bytes
 
-    cuda = torch.cuda.is_available()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    tp, rank = dist.get_world_size(), dist.get_rank()
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    place = join_torchrun_group()
+    tp, rank, device = place.world_size, place.rank, place.device
+    cuda = device.type == "cuda"
     hidden, capacity = args.hidden or 5120, args.capacity or 1024
     op = AllReduceMHC(hidden, args.hc, capacity, args.top_k, device, quantize_layer_input=hidden % 128 == 0,
                       residual_only=True, config=AllReduceMHCConfig(backend=args.backend))
@@ -110,7 +108,7 @@ def run_distributed(args) -> int:
         failures += worst != "identical"
         rows.append((variant, m, op.protocol(m, variant == "finalize"), tp, worst, ms))
     if rank == 0:
-        _print_table(f"{tp} ranks on {device.type}: backend={op.backend} transport={op.transport} H={hidden} "
+        _print_table(f"{place.describe()}: backend={op.backend} transport={op.transport} H={hidden} "
                      f"hc={args.hc} top_k={args.top_k} capacity={capacity} (first-call ms include warm-up)", rows)
     dist.destroy_process_group()
     return 1 if failures else 0

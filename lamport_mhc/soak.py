@@ -443,28 +443,24 @@ def replay_graphs(group, calls: int, rng: random.Random, prepared, checker, capa
 def soak_gpus(calls: int, backend: str, hidden: int, *, graphs: bool, seed: int = 0, capacity: int = 1024,
               spin_timeout_ms: float = 2000.0, log=print) -> SoakResult:
     """Every rank of the torchrun group builds ``AllReduceMHC`` and issues the same calls (drawn
-    from ``seed``), each rank with its own delays; counts are summed over the ranks. Without GPUs
-    the ranks are CPU processes on gloo (the torch backend; no delays, no graphs)."""
+    from ``seed``), each rank with its own delays; counts are summed over the ranks. The ranks may
+    share a GPU (``lamport_mhc.launch``: where 'processes-one-gpu'). Without GPUs they are CPU
+    processes on gloo (the torch backend; no delays, no graphs). Joins the group if this process
+    has not yet."""
     import torch.distributed as dist
 
     from .api import AllReduceMHC
     from .concurrent import sleep_us
     from .config import AllReduceMHCConfig
+    from .launch import join_torchrun_group, joined_place
 
     started = time.monotonic()
-    on_gpu = torch.cuda.is_available()
+    place = joined_place() if dist.is_initialized() else join_torchrun_group()
+    device, on_gpu = place.device, place.device.type == "cuda"
     if graphs and not on_gpu:
         raise ValueError("CUDA graphs need GPUs")
-    if on_gpu:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if on_gpu else "gloo")
-    tp, rank = dist.get_world_size(), dist.get_rank()
-    result = SoakResult("gpus" if on_gpu else "processes", backend, tp, hidden,
+    tp, rank = place.world_size, place.rank
+    result = SoakResult(place.where, backend, tp, hidden,
                         gpu=torch.cuda.get_device_name(device) if on_gpu else "cpu", capacity=capacity)
     quant = hidden % layout.HIDDEN_MULTIPLE_MXFP8 == 0
     op = AllReduceMHC(hidden, 4, capacity, 6, device, quantize_layer_input=quant, residual_only=True,

@@ -67,10 +67,11 @@ def main(argv=None) -> int:
     from .report import gpu_slug
     from .sweep import Sweep
 
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
-    dist.init_process_group("nccl", device_id=device)
+    from ..launch import join_torchrun_group
+
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark times GPU kernels: no CUDA GPU is visible here")
+    device = join_torchrun_group(allow_shared_gpu=False).device
     group = dist.group.WORLD
     sweep = Sweep(args, group, device)
     if args.time_budget is not None:
