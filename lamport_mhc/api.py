@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 from . import presets, validate
+from .arrival import check_in
 from .backend import BuildSpec, load_backend
 from .call import Call
 from .config import AllReduceMHCConfig
@@ -54,6 +55,9 @@ class AllReduceMHC:
         self.device = device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             self.device = device = torch.device("cuda", torch.cuda.current_device())
+        check_in(self.group, f"AllReduceMHC(H={hidden_size}, hc={hc_mult}, max_num_tokens={max_num_tokens}, "
+                 f"top_k={top_k}, quantize={quantize_layer_input}, residual_only={residual_only}, "
+                 f"backend={self.config.backend})", self.config.construction_timeout_s)
 
         self.preset = presets.lookup(presets.device_keys(device), tp, hidden_size, self.config.presets_file)
         self.thresholds = Thresholds(self.config.bt_min_rows or self.preset.bt_min_rows,

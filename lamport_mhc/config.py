@@ -45,6 +45,9 @@ class AllReduceMHCConfig:
     presets_file: a presets file (``python -m lamport_mhc presets CSV --write PATH``) whose rows
     override the built-in presets; None: LAMPORT_MHC_PRESETS, else ~/.cache/lamport_mhc/presets.json
     where it exists (``lamport_mhc.presets``).
+    construction_timeout_s: construction is collective; a rank waits at most this long for every
+    rank of the group to begin the same construction, then raises naming the ranks that did not
+    (``lamport_mhc.arrival``). None: wait for ever.
     """
 
     backend: str = "auto"
@@ -59,6 +62,7 @@ class AllReduceMHCConfig:
     ll_one_kernel_max_rows: int | None = None
     presets_file: str | os.PathLike | None = None
     chunk_rows: int | None = None
+    construction_timeout_s: float | None = 600.0
 
     def __post_init__(self):
         from .selector import check_chunk_rows
@@ -80,10 +84,8 @@ class AllReduceMHCConfig:
             raise ValueError(f"ll_one_kernel_max_rows must be an int >= 0 or None, got {rows!r}")
         if self.presets_file is not None and not isinstance(self.presets_file, (str, os.PathLike)):
             raise ValueError(f"presets_file must be a path or None, got {self.presets_file!r}")
-        if self.spin_timeout_ms is not None and not (
-                isinstance(self.spin_timeout_ms, (int, float)) and math.isfinite(self.spin_timeout_ms)
-                and self.spin_timeout_ms > 0):
-            raise ValueError(f"spin_timeout_ms must be a positive finite number or None, got {self.spin_timeout_ms!r}")
+        for name in ("spin_timeout_ms", "construction_timeout_s"):
+            _check_bound(name, getattr(self, name))
 
     @property
     def spin_timeout_ns(self) -> int:
@@ -97,3 +99,9 @@ class AllReduceMHCConfig:
         if override not in BACKEND_CHOICES:
             raise ValueError(f"{BACKEND_ENV}={override!r}: expected one of {BACKEND_CHOICES}")
         return replace(self, backend=override)
+
+
+def _check_bound(name: str, value) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                  and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")

@@ -24,6 +24,7 @@ import torch
 
 from . import ops
 from .api import AllReduceMHC
+from .arrival import check_in
 from .backend import ALL_BACKENDS, FUSED_BACKENDS, BuildSpec, Support
 from .config import BACKEND_CHOICES, AllReduceMHCConfig
 from .selector import support_table
@@ -62,11 +63,14 @@ def resolve_backend(requested: str, support: Mapping[str, Support], *, strict: b
     return "torch"
 
 
-def group_support(spec: BuildSpec, device: torch.device, group) -> dict[str, Support]:
-    """Every fused backend's support on every rank of ``group`` (collective): yes where all ranks say
-    yes, else the first refusing rank's reason (so every rank decides the same)."""
+def group_support(spec: BuildSpec, device: torch.device, group,
+                  timeout_s: float | None = AllReduceMHCConfig.construction_timeout_s) -> dict[str, Support]:
+    """Every fused backend's support on every rank of ``group`` (collective, so every rank checks in
+    first, waiting at most ``timeout_s`` for the others): yes where all ranks say yes, else the first
+    refusing rank's reason (so every rank decides the same)."""
     import torch.distributed as dist
 
+    check_in(group, f"backend support of H={spec.hidden}, hc={spec.hc}, max_num_tokens={spec.capacity}", timeout_s)
     local = {name: (answer.ok, answer.reason) for name, answer in support_table(spec, device).items()}
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, local, group=group)
@@ -117,7 +121,7 @@ class MHCBoundary(torch.nn.Module):
                 device = torch.device("cuda", torch.cuda.current_device())
             spec = BuildSpec(hidden=hidden_size, hc=hc_mult, capacity=max_num_tokens, top_k=top_k,
                              tp=dist.get_world_size(group), rank=dist.get_rank(group), quantize=quantize_layer_input)
-            support = group_support(spec, device, group)
+            support = group_support(spec, device, group, (op_config or AllReduceMHCConfig()).construction_timeout_s)
         resolved = resolve_backend(self.requested, support, strict=strict)
         config = replace(op_config or AllReduceMHCConfig(), backend=resolved)
         # The boundaries of one model issue their calls in one stream order on every rank: by default
