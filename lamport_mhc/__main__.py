@@ -50,6 +50,17 @@ def _info(args) -> int:
         from kernels_triton.backend import describe_windows
 
         print(describe_windows(gpu[0]))
+    buildable = [name for name, answer in supported.items() if answer.ok]
+    if info.gpus and buildable and args.build_cost:
+        from .build_cost import measure
+
+        built = replace(sized, quantize=spec.hidden % 128 == 0, residual_only=True,
+                        ll_one_kernel_rows=min(sized.rows("ll"), torch.cuda.get_device_properties(device)
+                                               .multi_processor_count))
+        print(f"build cost of one rank (tp={spec.tp} H={spec.hidden}, every kernel compiled or loaded from the "
+              f"cache; --no-build-cost skips this):", flush=True)
+        for name in buildable:
+            print(measure(built, name, device).line(), flush=True)
     return 0
 
 
@@ -261,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--tp", type=int, default=None, help="group size (default: the GPUs here, at least 2)")
     info.add_argument("--chunk-rows", type=int, default=None,
                       help="the most rows one protocol round takes (default: AllReduceMHCConfig's)")
+    info.add_argument("--no-build-cost", dest="build_cost", action="store_false",
+                      help="skip building one rank with each backend to measure its time and memory")
     info.set_defaults(run=_info)
 
     demo = commands.add_parser("demo", help="run the op against the CPU reference and print a table "

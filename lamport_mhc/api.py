@@ -28,6 +28,18 @@ def stream_capturing(device: torch.device) -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
+# Paths a CUDA graph captured calls of, by id: the graph holds the addresses of their mailboxes,
+# state words and kernels, and may be replayed after the instance is gone (an engine drops a model
+# before its graphs, or keeps graphs of several). They live as long as the process.
+_CAPTURED_PATHS: dict[int, object] = {}
+
+
+def _retain_for_graphs(*paths) -> None:
+    for path in paths:
+        if path is not None:
+            _CAPTURED_PATHS.setdefault(id(path), path)
+
+
 class AllReduceMHC:
     """Lamport TP all-reduce of a sublayer's partial output fused with the mHC post-mix of the hc
     residual streams, their pre-mix collapse and RMSNorm (optionally also an MXFP8 layer input).
@@ -213,6 +225,8 @@ class AllReduceMHC:
                     raise
 
     def _run(self, call: Call):
+        if stream_capturing(self.device):
+            _retain_for_graphs(self.path, self.check_path)
         with self._on_device():
             self.path.run(call)
             if self.check_path is not None:

@@ -91,14 +91,19 @@ def check(ops, tp, rank, m, hidden, variant, seed, edit=None) -> list[str]:
 
 def special_values(inputs):
     """Row 1 with an Inf among its inputs (its layer input: NaN where the prenorm is infinite, zeros
-    elsewhere), row 2 with a NaN (all NaN), and NaN, Inf and -0.0 in single lanes of every input."""
+    elsewhere), row 2 with a NaN (all NaN), and NaN, Inf and -0.0 in single lanes of every input,
+    post, comb, pre and norm_weight included."""
     nan, inf = float("nan"), float("inf")
     for x in inputs["xs"] + inputs["shareds"]:
         x[1, 40] = inf
         x[2, 7] = nan
         x[0, :4] = torch.tensor([-0.0, -0.0, -inf, -0.0])
     inputs["residual"][0, 3, 100:104] = torch.tensor([-0.0, inf, -0.0, 3e38])
+    # The mix and norm weights too: data, not misuse; the contract says what they give.
     inputs["post"][2, 1] = nan
+    inputs["comb"][1, 2, 3] = -inf
+    inputs["pre"][0, 1] = nan
+    inputs["norm_weight"][9] = inf
 
 
 def sweep(rank: int, tp: int, backend: str, hidden: int, capacity: int, sizes: list[int], **config) -> list[str]:

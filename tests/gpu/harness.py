@@ -116,16 +116,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# LAMPORT_MHC_TEST_SHARE_GPUS=1: tests of n ranks run on fewer GPUs, the ranks sharing them as
+# processes (gloo for the host's collectives; lamport_mhc.launch), as torchrun places ranks that
+# outnumber a node's GPUs. Their kernels take turns in time slices: the production path, not speed.
+SHARE_GPUS_ENV = "LAMPORT_MHC_TEST_SHARE_GPUS"
+
+
+def sharing_gpus() -> bool:
+    return os.environ.get(SHARE_GPUS_ENV, "") not in ("", "0")
+
+
 @functools.lru_cache(maxsize=None)
 def gpu_skip_reason(n: int) -> str | None:
-    """Why a test needing ``n`` peer-connected CUDA GPUs cannot run here, or None if it can."""
+    """Why a test needing ``n`` peer-connected CUDA GPUs cannot run here, or None if it can (with
+    SHARE_GPUS_ENV set, one GPU serves any ``n``)."""
     import torch
 
     if not torch.cuda.is_available():
         return f"needs {n} CUDA GPU(s); found 0 (torch.cuda.is_available() is False)"
     count = torch.cuda.device_count()
-    if count < n:
-        return f"needs {n} CUDA GPU(s); found {count}"
+    if count < n and not sharing_gpus():
+        return f"needs {n} CUDA GPU(s); found {count} (or {SHARE_GPUS_ENV}=1: ranks as processes sharing them)"
+    n = min(n, count)
     for i in range(n):
         for j in range(n):
             if i != j and not torch.cuda.can_device_access_peer(i, j):
@@ -185,7 +197,13 @@ def _rank_entry(body: Callable[..., Any], rank: int, world_size: int, args: tupl
         import torch.distributed as dist
 
         if backend == "nccl":
-            torch.cuda.set_device(rank)
+            from lamport_mhc.launch import OVERLAPPING_DEVICES_ENV, placement
+
+            gpu, shared = placement(rank, world_size, torch.cuda.device_count())
+            torch.cuda.set_device(gpu)
+            if shared:  # ranks share GPUs (SHARE_GPUS_ENV): NCCL refuses them, gloo carries the host's part
+                os.environ.setdefault(OVERLAPPING_DEVICES_ENV, "1")
+                backend = "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(hours=1))  # the parent's timeout rules
         initialized = True
@@ -288,7 +306,8 @@ def run_ranks(body: Callable[..., Any], world_size: int, *, backend: str = "nccl
     results in rank order.
 
     Each rank initializes ``torch.distributed`` (``backend``, tcp://127.0.0.1:<free port>); for
-    "nccl" it first calls ``torch.cuda.set_device(rank)``. Return values must be picklable; return
+    "nccl" it first sets its device, ``rank`` (or, where the ranks outnumber the GPUs, ``rank`` modulo
+    their count, on gloo: ``lamport_mhc.launch``). Return values must be picklable; return
     CPU tensors, not CUDA ones. ``env`` adds variables to the children's environment (a value of
     None removes one); the multicast switches of ``MULTICAST_OFF_ENV`` are always set unless
     ``env`` names them.
