@@ -58,3 +58,12 @@ def _same_body(rank, world):
 
 def test_ranks_that_build_the_same_instances_in_order_build_them():
     assert run_ranks(_same_body, 2, backend="gloo", timeout_s=120) == [["torch", "torch"]] * 2
+
+
+def test_ranks_that_outnumber_the_gpus_share_them_round_robin():
+    from lamport_mhc.launch import placement
+
+    assert placement(0, 1, 0) == (None, False)           # CPU ranks
+    assert placement(1, 2, 2) == (1, False)              # one process per GPU
+    assert [placement(r, 4, 1) for r in range(4)] == [(0, True)] * 4
+    assert [placement(r, 8, 2)[0] for r in range(8)] == [0, 1] * 4

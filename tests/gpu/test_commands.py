@@ -80,6 +80,7 @@ def _printed(*needles):
     return check
 
 
+SOAK = "python -m lamport_mhc soak --tp N --calls K [--graphs] [--backend B] [--hidden H] [--out CSV]"
 # (the README's text, argv, timeout in seconds, check of the output). "OUT" stands for a folder of the test's own.
 README_COMMANDS = [
     ("torchrun --nproc-per-node N -m lamport_mhc demo", torchrun(1, "demo"), 420, _all_identical),
@@ -88,9 +89,9 @@ README_COMMANDS = [
      PYTHON + ["info", "--tp", "4", "--hidden", "7168", "--capacity", "16384"], 600,
      _printed("mailbox memory per GPU: 174.9 MiB")),
     ("python -m lamport_mhc model-ab", torchrun(1, "model-ab", "--cuda-graph"), 420, _ab_identical),
-    ("python -m lamport_mhc soak --tp N --calls K [--graphs]", PYTHON + ["soak", "--tp", "2", "--calls", "300",
+    (SOAK, PYTHON + ["soak", "--tp", "2", "--calls", "300",
                                                                           "--graphs"], 420, _no_mismatch),
-    ("python -m lamport_mhc soak --tp N --calls K [--graphs]",
+    (SOAK,
      torchrun(1, "soak", "--tp", "1", "--calls", "300", "--graphs"), 420, _no_mismatch),
     ("torchrun --nproc-per-node N -m lamport_mhc bench",
      torchrun(1, "bench", "--hidden", "4096", "--rows", "1", "128", "--variants", "plain", "--out", "OUT"), 600,
