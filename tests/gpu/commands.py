@@ -1,9 +1,10 @@
-"""Run a command as a user types it: in a process session of its own, under a timeout, with the
+"""Run a command as a user types it: under a timeout, with the
 peak resident memory of its whole process tree sampled while it runs.
 
-A hung Lamport protocol is a hang, not an error, and torchrun's workers outlive a killed torchrun:
-on timeout the whole session is killed. The peak is the largest sum of the tree's resident set
-sizes seen at any sample (every ``SAMPLE_S``), and the largest single process beside it.
+A hung Lamport protocol is a hang, not an error, and torchrun's workers (in sessions of their own)
+outlive a killed torchrun: on timeout the whole process tree is killed. The peak is the largest sum
+of the tree's resident set sizes seen at any sample (every ``SAMPLE_S``), and the largest single
+process beside it.
 
 ``python tests/gpu/commands.py TIMEOUT_S -- ARGV...`` runs one command and prints what it measured.
 """
@@ -41,38 +42,57 @@ class CommandRun:
                 f"GiB (largest process {self.peak_process_bytes / 2**30:.2f} GiB)")
 
 
-def _session_rss(session: int) -> tuple[int, int]:
-    """(sum, max) of the resident bytes of every process in ``session``."""
-    total = largest = 0
+def _processes() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, resident bytes)} of every process now."""
+    found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) != session:  # fields after the name: state, ppid, pgrp, session, ...
-                continue
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])  # after the name: state, ppid, ...
             with open(f"/proc/{name}/statm") as f:
                 resident = int(f.read().split()[1]) * _PAGE
         except (OSError, IndexError, ValueError):
             continue  # the process ended between the listing and the read
-        total += resident
-        largest = max(largest, resident)
-    return total, largest
+        found[int(name)] = (parent, resident)
+    return found
+
+
+def _tree(root: int, processes: dict[int, tuple[int, int]]) -> list[int]:
+    """``root`` and its descendants (torchrun starts its workers in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in processes.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in processes:
+            tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _kill_tree(root: int) -> None:
+    for pid in _tree(root, _processes()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_command(argv: list[str], timeout_s: float, *, env: dict | None = None, cwd=None) -> CommandRun:
     """Run ``argv`` to its end or ``timeout_s``; kill its whole process session on timeout."""
     started = time.monotonic()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env=env, cwd=cwd)
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     peaks = [0, 0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            total, largest = _session_rss(process.pid)
-            peaks[0], peaks[1] = max(peaks[0], total), max(peaks[1], largest)
+            processes = _processes()
+            sizes = [processes[pid][1] for pid in _tree(process.pid, processes)]
+            peaks[0], peaks[1] = max(peaks[0], sum(sizes)), max([peaks[1], *sizes])
             done.wait(SAMPLE_S)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -81,16 +101,12 @@ def run_command(argv: list[str], timeout_s: float, *, env: dict | None = None, c
         output, _ = process.communicate(timeout=timeout_s)
         returncode = process.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        _kill_tree(process.pid)
         output, _ = process.communicate()
         returncode = None
     finally:
         done.set()
         sampler.join()
-    try:  # workers a finished torchrun left behind
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     return CommandRun(list(argv), returncode, output, time.monotonic() - started, peaks[0], peaks[1])
 
 
