@@ -93,9 +93,6 @@ README_COMMANDS = [
                                                                           "--graphs"], 420, _no_mismatch),
     (SOAK,
      torchrun(1, "soak", "--tp", "1", "--calls", "300", "--graphs"), 420, _no_mismatch),
-    ("torchrun --nproc-per-node N -m lamport_mhc bench",
-     torchrun(1, "bench", "--hidden", "4096", "--rows", "1", "128", "--variants", "plain", "--out", "OUT"), 600,
-     _printed("ceilings: ")),
     ("python -m lamport_mhc presets CSV", PYTHON + ["presets", "bench/results/h100-80gb-hbm3_tp1.csv"], 120,
      _printed('("hopper", 1, 4096): Preset(')),
     ("python -m lamport_mhc ptx --backend triton --arch sm_90a --tp 2 --hidden 5120 --hc 4 --top-k 6 --capacity 2048 "
@@ -105,6 +102,9 @@ README_COMMANDS = [
      _printed("kernels written to")),
     ("python -m lamport_mhc.bench.chunk_cost bench/results/h200_tp2.csv",
      [sys.executable, "-m", "lamport_mhc.bench.chunk_cost", "bench/results/h200_tp2.csv"], 120, _printed("| 2 | 4096 | plain | 4096 |")),
+    ("torchrun --nproc-per-node N -m lamport_mhc bench",
+     torchrun(1, "bench", "--hidden", "4096", "--rows", "1", "128", "--variants", "plain", "--out", "OUT"), 600,
+     _printed("ceilings: ")),
 ]
 
 
