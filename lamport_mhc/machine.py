@@ -129,13 +129,30 @@ def probe() -> MachineInfo:
     )
 
 
-def _installed(version: str | None) -> str:
-    return version if version is not None else "not installed"
+# The versions each tier has passed on (README.md's version matrix), by distribution: what ``info``
+# calls tested. A local suffix ("+cpu", "+cu130") is not part of the match.
+TESTED_VERSIONS: dict[str, dict[str, str]] = {
+    "torch": {"2.11.0": "GPU tier", "2.13.0": "CPU tiers", "2.14.1": "CPU tiers"},
+    "triton": {"3.6.0": "CPU and GPU tiers", "3.8.0": "CPU tiers"},
+    "nvidia-cutlass-dsl": {"4.8.1": "CuTe compile tier and GPU tier", "4.8.0": "CuTe compile tier"},
+    "flashinfer-python": {"0.7.2.post1": "CuTe compile tier and GPU tier", "0.7.2": "CuTe compile tier"},
+}
+
+
+def tested(distribution: str, version: str | None) -> str:
+    """``version`` of ``distribution`` and whether the project's tiers passed on it."""
+    if version is None:
+        return "not installed"
+    known = TESTED_VERSIONS.get(distribution, {})
+    passed = known.get(version.split("+", 1)[0])
+    if passed is not None:
+        return f"{version} (tested: {passed})"
+    return f"{version} (not a tested version; tested: {', '.join(sorted(known))})"
 
 
 def describe(info: MachineInfo) -> list[str]:
     """Human-readable lines describing ``info`` (what ``python -m lamport_mhc info`` prints)."""
-    lines = [f"torch: {info.torch_version}"]
+    lines = [f"torch: {tested('torch', info.torch_version)}"]
     if info.gpus:
         for i, name in enumerate(info.gpus):
             lines.append(f"GPU {i}: {name}")
@@ -158,7 +175,7 @@ def describe(info: MachineInfo) -> list[str]:
     lines.append("symmetric memory: "
                  + ("available" if info.symmetric_memory
                     else "not available (torch.distributed._symmetric_memory not importable)"))
-    lines.append(f"triton: {_installed(info.triton_version)}")
-    lines.append(f"CuTe DSL (nvidia-cutlass-dsl): {_installed(info.cute_dsl_version)}")
-    lines.append(f"flashinfer: {_installed(info.flashinfer_version)}")
+    lines.append(f"triton: {tested('triton', info.triton_version)}")
+    lines.append(f"CuTe DSL (nvidia-cutlass-dsl): {tested('nvidia-cutlass-dsl', info.cute_dsl_version)}")
+    lines.append(f"flashinfer: {tested('flashinfer-python', info.flashinfer_version)}")
     return lines

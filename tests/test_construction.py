@@ -1,5 +1,6 @@
 """Collective construction on a real group (two gloo processes): a rank that builds alone, or
-builds something else than its peers, gets an error naming the ranks, not a hang."""
+builds something else than its peers, gets an error naming the ranks, not a hang. And where a
+torchrun rank runs when the ranks outnumber the GPUs."""
 
 import time
 

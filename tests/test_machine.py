@@ -147,3 +147,12 @@ def test_describe_without_gpus():
 def test_module_exports():
     for name in machine.__all__:
         assert hasattr(machine, name)
+
+
+def test_versions_are_called_tested_where_a_tier_passed_on_them():
+    from lamport_mhc.machine import tested
+
+    assert tested("torch", "2.13.0+cpu") == "2.13.0+cpu (tested: CPU tiers)"
+    assert tested("nvidia-cutlass-dsl", "4.8.0") == "4.8.0 (tested: CuTe compile tier)"
+    assert tested("triton", "3.7.1").startswith("3.7.1 (not a tested version; tested: 3.6.0, 3.8.0")
+    assert tested("flashinfer-python", None) == "not installed"
