@@ -62,7 +62,8 @@ def joined_place() -> RankPlace:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     device = torch.device("cuda", torch.cuda.current_device()) if gpus else torch.device("cpu")
-    return RankPlace(dist.get_rank(), world, device, placement(0, local_world, gpus)[1])
+    _, shared = placement(0, local_world, gpus)  # whether ranks share GPUs does not depend on the rank
+    return RankPlace(dist.get_rank(), world, device, shared)
 
 
 def join_torchrun_group(*, allow_shared_gpu: bool = True) -> RankPlace:
