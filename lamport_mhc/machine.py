@@ -132,7 +132,7 @@ def probe() -> MachineInfo:
 # The versions each tier has passed on (README.md's version matrix), by distribution: what ``info``
 # calls tested. A local suffix ("+cpu", "+cu130") is not part of the match.
 TESTED_VERSIONS: dict[str, dict[str, str]] = {
-    "torch": {"2.11.0": "GPU tier", "2.13.0": "CPU tiers", "2.14.1": "CPU tiers"},
+    "torch": {"2.10.0": "CPU tiers", "2.11.0": "GPU tier", "2.13.0": "CPU tiers", "2.14.1": "CPU tiers"},
     "triton": {"3.6.0": "CPU and GPU tiers", "3.8.0": "CPU tiers"},
     "nvidia-cutlass-dsl": {"4.8.1": "CuTe compile tier and GPU tier", "4.8.0": "CuTe compile tier"},
     "flashinfer-python": {"0.7.2.post1": "CuTe compile tier and GPU tier", "0.7.2": "CuTe compile tier"},
