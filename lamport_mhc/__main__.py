@@ -60,7 +60,10 @@ def _info(args) -> int:
         print(f"build cost of one rank (tp={spec.tp} H={spec.hidden}, every kernel compiled or loaded from the "
               f"cache; --no-build-cost skips this):", flush=True)
         for name in buildable:
-            print(measure(built, name, device).line(), flush=True)
+            try:
+                print(measure(built, name, device).line(), flush=True)
+            except Exception as error:  # a diagnostic: say what failed, and go on with the next backend
+                print(f"  {name:7s} could not be built here: {type(error).__name__}: {error}", flush=True)
     return 0
 
 

@@ -113,8 +113,9 @@ def test_calls_routed_to_different_kernel_sets_share_one_workspace():
 
 @pytest.mark.parametrize("tp,hidden", [(2, 256), (1, 256), (1, 1408)])
 def test_nan_inf_and_signed_zero_inputs(tp, hidden):
-    """NaN and Inf travel through every step with the reference's bits (no NaN is the sentinel), and
-    a reduced -0.0 is +0.0: where x and every stream are -0.0, the mixed streams are +0.0."""
+    """NaN and Inf travel through every step with the reference's bits (no NaN is the sentinel), the
+    mix and norm weights' too, and a reduced -0.0 is +0.0: where x and every stream are -0.0, the
+    mixed streams are +0.0."""
     group = _group(tp, hidden, bt_min_rows=4 if tp > 1 else None)
     for m in (3, 8):
         inputs = random_inputs(tp, m, hidden, HC, seed=m, top_k=TOP_K)
@@ -126,6 +127,10 @@ def test_nan_inf_and_signed_zero_inputs(tp, hidden):
         inputs["residual"][1, :, 12:16] = -0.0
         inputs["post"][1, 1] = float("nan")
         inputs["shareds"][0][1, :3] = torch.tensor([float("inf"), -0.0, float("nan")])
+        # The mix and norm weights are data too: the contract says what NaN and Inf in them give.
+        inputs["comb"][2, 0, 3] = float("inf")
+        inputs["pre"][2, 2] = float("nan")
+        inputs["norm_weight"][5] = -float("inf")
         for variant in VARIANTS:
             check_simulated(group, inputs, variant, EPS)
 
