@@ -155,8 +155,6 @@ def _demo(args) -> int:
 def _model_ab(args) -> int:
     import os
 
-    import torch
-
     from .model import MHCModelConfig
     from .model_ab import distributed_ab, simulated_ab
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import csv
 import fcntl
 import gc
-import os
 import random
 import sys
 import threading

@@ -34,15 +34,15 @@ def torchrun(n: int, *argv: str) -> list[str]:
     return [str(script) if script.exists() else "torchrun", "--nproc-per-node", str(n), "-m", "lamport_mhc", *argv]
 
 
-def _environment(tmp_path: Path) -> dict:
+def _environment() -> dict:
     env = {**os.environ, **MULTICAST_OFF_ENV, "PYTHONUNBUFFERED": "1"}
-    env.pop("LAMPORT_MHC_BACKEND", None)
-    env["LAMPORT_MHC_PRESETS"] = str(tmp_path / "no-presets.json")  # the built-in presets, as a new user has
+    for name in ("LAMPORT_MHC_BACKEND", "LAMPORT_MHC_PRESETS"):  # as a new user has them: unset
+        env.pop(name, None)
     return env
 
 
-def _run(argv: list[str], timeout_s: float, tmp_path: Path, ranks: int = 1):
-    run = run_command(argv, timeout_s, env=_environment(tmp_path), cwd=ROOT)
+def _run(argv: list[str], timeout_s: float, ranks: int = 1):
+    run = run_command(argv, timeout_s, env=_environment(), cwd=ROOT)
     print(run.describe())
     assert not run.timed_out, f"{run.describe()}\n{run.output[-4000:]}"
     assert run.returncode == 0, f"{run.describe()}\n{run.output[-4000:]}"
@@ -115,14 +115,14 @@ README_COMMANDS = [
 def test_readme_command(text, argv, timeout_s, check, tmp_path):
     require_gpus(1)
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
-    run = _run(argv, timeout_s, tmp_path)
+    run = _run(argv, timeout_s)
     check(run.output)
 
 
-def test_the_demo_after_its_first_build_prints_its_table_within_a_minute(tmp_path):
+def test_the_demo_after_its_first_build_prints_its_table_within_a_minute():
     require_gpus(1)
-    _run(torchrun(1, "demo"), 420, tmp_path)  # builds (or finds the kernels in Triton's cache)
-    run = _run(torchrun(1, "demo"), 120, tmp_path)
+    _run(torchrun(1, "demo"), 420)  # builds (or finds the kernels in Triton's cache)
+    run = _run(torchrun(1, "demo"), 120)
     _all_identical(run.output)
     assert run.seconds < 60, run.describe()
 
@@ -135,10 +135,10 @@ GROUP_BACKENDS = ("triton", "cute")
 
 @pytest.mark.parametrize("backend", GROUP_BACKENDS)
 @pytest.mark.parametrize("n", GROUP_SIZES)
-def test_demo_of_a_group(n, backend, tmp_path):
+def test_demo_of_a_group(n, backend):
     require_gpus(1)
     require_backend(backend)
-    run = _run(torchrun(n, "demo", "--backend", backend, "--capacity", "256"), 600, tmp_path, ranks=n)
+    run = _run(torchrun(n, "demo", "--backend", backend, "--capacity", "256"), 600, ranks=n)
     _all_identical(run.output)
     assert f"backend={backend} transport=peer" in run.output, run.output[-2000:]
 
@@ -150,16 +150,16 @@ def test_soak_of_a_group(n, backend, tmp_path):
     require_backend(backend)
     out = tmp_path / "soak.csv"
     run = _run(torchrun(n, "soak", "--tp", str(n), "--calls", "400", "--graphs", "--backend", backend,
-                        "--capacity", "256", "--out", str(out)), 600, tmp_path, ranks=n)
+                        "--capacity", "256", "--out", str(out)), 600, ranks=n)
     _no_mismatch(run.output)
     assert out.read_text().splitlines()[1].split(",")[2:4] == [backend, str(n)]
 
 
 @pytest.mark.parametrize("backend", GROUP_BACKENDS)
 @pytest.mark.parametrize("n", GROUP_SIZES)
-def test_model_ab_of_a_group(n, backend, tmp_path):
+def test_model_ab_of_a_group(n, backend):
     require_gpus(1)
     require_backend(backend)
     run = _run(torchrun(n, "model-ab", "--backends", "torch", backend, "--cuda-graph", "--tokens", "40"), 600,
-               tmp_path, ranks=n)
+               ranks=n)
     _ab_identical(run.output)

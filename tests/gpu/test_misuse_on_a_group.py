@@ -10,8 +10,7 @@ import torch
 
 from lamport_mhc.testing import assert_outputs_match, expected_outputs, random_inputs
 
-from .bodies import BACKENDS, EPS, HC, TOP_K, build, capture, poison, poison_allocator, refill, require_backend, \
-    run_variant
+from .bodies import BACKENDS, EPS, HC, TOP_K, build, poison, poison_allocator, refill, require_backend, run_variant
 from .harness import require_gpus, run_ranks
 
 TP, HIDDEN, CAPACITY = 2, 1024, 64
