@@ -208,11 +208,13 @@ class AllReduceMHC:
     def _ready(self) -> None:
         """Before a call: raise if the instance is broken or (with the spin bound) if a kernel has
         recorded a timeout the host can see: a read of pinned host memory, no synchronization. A
-        call being captured into a CUDA graph looks at nothing: the check belongs to the replay's
-        caller, at its next eager call or ``check()``."""
+        call being captured into a CUDA graph looks at nothing (the check belongs to the replay's
+        caller, at its next eager call or ``check()``); it keeps the paths the graph will hold alive."""
         if self._broken:
             raise RuntimeError(self._broken)
-        if self.spec.spin_timeout_ns and not stream_capturing(self.device):
+        if stream_capturing(self.device):
+            _retain_for_graphs(self.path, self.check_path)
+        elif self.spec.spin_timeout_ns:
             self._raise_recorded_timeout()
 
     def _raise_recorded_timeout(self) -> None:
@@ -225,8 +227,6 @@ class AllReduceMHC:
                     raise
 
     def _run(self, call: Call):
-        if stream_capturing(self.device):
-            _retain_for_graphs(self.path, self.check_path)
         with self._on_device():
             self.path.run(call)
             if self.check_path is not None:
