@@ -42,9 +42,9 @@ stand beside the full run's); ``--time-budget SECONDS`` starts no new M after th
 A hidden size that fails (a GPU fault) writes the rows measured before it too, then the run stops.
 """
 
-from .cli import DEFAULT_ROWS, main, parse_args
+from .cli import main, parse_args
 from .floors import Ceilings, floor_us, fused_bytes, tail_bytes
-from .names import HC, PATHS, VARIANTS
+from .names import DEFAULT_ROWS, HC, PATHS, VARIANTS
 from .report import COLUMNS, read_rows, with_speedups, write_results, write_summary
 
 __all__ = ["COLUMNS", "DEFAULT_ROWS", "HC", "PATHS", "VARIANTS", "Ceilings", "floor_us", "fused_bytes", "main",

@@ -8,9 +8,7 @@ import time
 from pathlib import Path
 
 from ..backend import FUSED_BACKENDS
-from .names import HC, PATHS, VARIANTS
-
-DEFAULT_ROWS = [2 ** i for i in range(14)] + [3, 100, 1000]
+from .names import DEFAULT_ROWS, HC, PATHS, VARIANTS
 FLASHINFER_CACHE_ENV = "FLASHINFER_WORKSPACE_BASE"
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's path names and what each kind of path is."""
+"""The benchmark's path names and what each kind of path is, and the rows a full sweep times."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from ..backend import FUSED_BACKENDS
 from ..traffic import HC
 
 VARIANTS = ("plain", "finalize", "quant")
+# The Ms of a full sweep (a run of other rows scopes its notes to them).
+DEFAULT_ROWS = [2 ** i for i in range(14)] + [3, 100, 1000]
 # The fused paths: auto, and each backend with its protocol forced (tp > 1) or local (tp = 1).
 FORCED_PROTOCOLS = ("ll", "bt")
 BACKEND_PATHS = tuple(f"{b}-{p}" for b in FUSED_BACKENDS for p in FORCED_PROTOCOLS + ("local",))

@@ -9,9 +9,8 @@ import math
 import re
 from pathlib import Path
 
-from .cli import DEFAULT_ROWS
 from .floors import Ceilings
-from .names import BACKEND_PATHS, HC, STRONG_TAIL, whole_op_alternatives
+from .names import BACKEND_PATHS, DEFAULT_ROWS, HC, STRONG_TAIL, whole_op_alternatives
 
 COLUMNS = ("tp", "hc", "hidden", "variant", "m", "path", "us_median", "us_min", "us_max", "floor_us", "ratio_to_floor",
            "speedup_vs_unfused", "speedup_vs_best")
