@@ -45,6 +45,15 @@ def _replay_and_check(graph, static, outputs, plan, seed) -> list[str]:
 PLAN = [(3, "plain"), (40, "finalize"), (17, "quant"), (64, "residual")]
 
 
+def _every_rank_right(body, backend) -> None:
+    """Run ``body`` on a group of TP processes (on one GPU, as processes sharing it); each returns
+    its failures, which must be none."""
+    require_gpus(1)
+    require_backend(backend)
+    for failures in run_ranks(body, TP, args=(backend,), timeout_s=400):
+        assert failures == [], "\n".join(failures)
+
+
 def _captured_first_body(rank, tp, backend):
     op = build(HIDDEN, CAPACITY, backend, 32, spin_timeout_ms=2000.0)
     graph, static, outputs = _graph_of_calls(op, rank, PLAN, seed=10)  # never called eagerly before
@@ -55,10 +64,7 @@ def _captured_first_body(rank, tp, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_call_captured_before_any_eager_call(backend):
-    require_gpus(1)
-    require_backend(backend)
-    for failures in run_ranks(_captured_first_body, TP, args=(backend,), timeout_s=400):
-        assert failures == [], "\n".join(failures)
+    _every_rank_right(_captured_first_body, backend)
 
 
 def _replay_after_destroy_body(rank, tp, backend):
@@ -80,10 +86,7 @@ def _replay_after_destroy_body(rank, tp, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_graph_replayed_after_its_instance_is_gone(backend):
-    require_gpus(1)
-    require_backend(backend)
-    for failures in run_ranks(_replay_after_destroy_body, TP, args=(backend,), timeout_s=400):
-        assert failures == [], "\n".join(failures)
+    _every_rank_right(_replay_after_destroy_body, backend)
 
 
 def _different_rows_body(rank, tp, backend):
